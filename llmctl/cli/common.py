@@ -1,0 +1,67 @@
+"""Pieces shared by the commands that take a recipe: `recipe=NAME key=value ...` + short flags.
+
+Usage in a command::
+
+    def plan(args: RecipeArgs = None, tp: TpOpt = None, ..., cluster_file: ClusterFileOpt = None):
+        cfg = compose_from_cli(args, cluster_file=cluster_file, tp=tp, pp=pp, ...)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from llmctl.errors import UserError
+
+RecipeArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="recipe=NAME (or a recipe YAML path) followed by Hydra overrides key=value.",
+        show_default=False,
+    ),
+]
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.")]
+PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline-parallel size.")]
+VppOpt = Annotated[int | None, typer.Option("--vpp", help="Virtual pipeline stages per rank.")]
+CpOpt = Annotated[int | None, typer.Option("--cp", help="Context-parallel size.")]
+EpOpt = Annotated[int | None, typer.Option("--ep", help="Expert-parallel size.")]
+DpOpt = Annotated[int | None, typer.Option("--dp", help="Data-parallel size.")]
+MbsOpt = Annotated[int | None, typer.Option("--mbs", help="Micro-batch size.")]
+GbsOpt = Annotated[int | None, typer.Option("--gbs", help="Global batch size.")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Number of nodes.")]
+GpusOpt = Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node.")]
+ClusterFileOpt = Annotated[
+    str | None,
+    typer.Option("--cluster-file", help="Cluster description YAML (e.g. from `llmctl topo --save`)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print what would run; run nothing.")]
+
+
+def split_recipe(args: list[str] | None, default: str | None = None) -> tuple[str, list[str]]:
+    """Separate `recipe=NAME` (anywhere in the list) from the Hydra overrides."""
+    recipe = default
+    overrides: list[str] = []
+    for arg in args or []:
+        if arg.startswith("recipe="):
+            recipe = arg.split("=", 1)[1]
+        else:
+            overrides.append(arg)
+    if not recipe:
+        raise UserError("no recipe given: pass recipe=NAME (see `llmctl recipes list`)")
+    return recipe, overrides
+
+
+def compose_from_cli(
+    args: list[str] | None,
+    *,
+    cluster_file: str | None = None,
+    default_recipe: str | None = None,
+    **flags: int | None,
+):  # type: ignore[no-untyped-def]
+    """Compose the run configuration from CLI arguments (recipe, overrides, short flags)."""
+    from llmctl.config import compose, flag_overrides
+
+    recipe, overrides = split_recipe(args, default_recipe)
+    return compose(recipe, overrides + flag_overrides(**flags), cluster_file=cluster_file)

@@ -1,0 +1,225 @@
+"""Compose a run configuration from a recipe, Hydra overrides and short flags.
+
+A recipe is a YAML file whose `defaults:` list chooses config-group options (deltas only);
+groups it does not choose take `DEFAULT_CHOICES`. The recipe is registered in Hydra's ConfigStore
+with the full defaults list and composed through Hydra's compose API (never `@hydra.main`), so
+trailing `key=value` arguments use Hydra's override grammar. The result is merged onto the
+dataclass schema (type checks), converted to dataclasses and validated.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, cast
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from llmctl.config.resources import list_options, list_recipes, resource_dir
+from llmctl.config.schema import DEFAULT_CHOICES, GROUPS, RootConfig
+from llmctl.config.validate import validate
+from llmctl.errors import UserError
+
+SHORT_FLAGS: dict[str, str] = {
+    "tp": "parallel.tp",
+    "pp": "parallel.pp",
+    "vpp": "parallel.vpp",
+    "cp": "parallel.cp",
+    "ep": "parallel.ep",
+    "dp": "parallel.dp",
+    "mbs": "parallel.micro_batch_size",
+    "gbs": "train.global_batch_size",
+    "nodes": "cluster.num_nodes",
+    "gpus_per_node": "cluster.gpus_per_node",
+}
+
+_RECIPE_NODE = "__llmctl_recipe__"
+_CLUSTER_FILE_NODE = "__llmctl_cluster_file__"
+_SCHEMA_NODE = "__llmctl_schema__"
+
+
+def flag_overrides(**flags: int | None) -> list[str]:
+    """Turn short flags (`tp=8`, `gbs=128`) into Hydra overrides; None flags are dropped."""
+    out = []
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if name not in SHORT_FLAGS:
+            raise UserError(f"unknown short flag --{name.replace('_', '-')}")
+        out.append(f"{SHORT_FLAGS[name]}={value}")
+    return out
+
+
+def resolve_recipe(recipe: str) -> Path:
+    """Find a recipe by name (shipped) or by path to a YAML file."""
+    path = Path(recipe)
+    if path.suffix in (".yaml", ".yml") or path.parent != Path("."):
+        if not path.is_file():
+            raise UserError(f"recipe file {recipe} does not exist")
+        return path.resolve()
+    shipped = resource_dir("recipes") / f"{recipe}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise UserError(f"unknown recipe {recipe!r}{_closest(recipe, list_recipes())}")
+
+
+def _closest(word: str, names: list[str]) -> str:
+    near = difflib.get_close_matches(word, names, n=3, cutoff=0.4)
+    return f"; did you mean {', '.join(near)}?" if near else ""
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        node = OmegaConf.load(path)
+    except Exception as exc:  # yaml errors carry line numbers in their text
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not valid YAML ({first})") from None
+    if not isinstance(node, DictConfig):
+        raise UserError(f"{path}: expected a mapping at the top level")
+    return cast(dict[str, Any], OmegaConf.to_container(node, resolve=False))
+
+
+def _recipe_choices(path: Path, body: dict[str, Any]) -> dict[str, str]:
+    choices = dict(DEFAULT_CHOICES)
+    for item in body.pop("defaults", []) or []:
+        if item == "_self_":
+            continue
+        if not isinstance(item, dict) or len(item) != 1:
+            raise UserError(f"{path}: defaults entries must be 'group: option', got {item!r}")
+        ((group, option),) = item.items()
+        group = str(group).removeprefix("override ").lstrip("/")
+        if group not in GROUPS:
+            raise UserError(f"{path}: unknown config group {group!r}{_closest(group, list(GROUPS))}")
+        if option not in list_options(group):
+            raise UserError(
+                f"{path}: unknown {group} option {option!r}{_closest(str(option), list_options(group))}"
+            )
+        choices[group] = str(option)
+    return choices
+
+
+def compose(
+    recipe: str, overrides: list[str] | None = None, cluster_file: str | None = None
+) -> RootConfig:
+    """Compose, type-check and validate a run configuration.
+
+    Args:
+        recipe: a shipped recipe name or a path to a recipe YAML file.
+        overrides: Hydra overrides (`parallel.tp=4`, `model=llama3_8b`).
+        cluster_file: a cluster description (e.g. from `llmctl topo --save`) used as `cluster`.
+
+    Raises:
+        UserError: unknown recipe, group, option or key; a value of the wrong type; a
+            configuration that fails validation.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    path = resolve_recipe(recipe)
+    body = _load_yaml(path)
+    choices = _recipe_choices(path, body)
+    store = ConfigStore.instance()
+    if cluster_file is not None:
+        store.store(group="cluster", name=_CLUSTER_FILE_NODE, node=_load_cluster_file(cluster_file))
+        choices["cluster"] = _CLUSTER_FILE_NODE
+    store.store(name=_SCHEMA_NODE, node=RootConfig)
+    defaults: list[Any] = [_SCHEMA_NODE, *({g: c} for g, c in choices.items()), "_self_"]
+    store.store(name=_RECIPE_NODE, node={"defaults": defaults, **body})
+    overrides = list(overrides or [])
+    _check_override_keys(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(resource_dir("configs")), version_base=None):
+            raw = hydra_compose(config_name=_RECIPE_NODE, overrides=overrides)
+    except Exception as exc:
+        raise UserError(_hydra_message(exc)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    raw_dict = cast(dict[str, Any], OmegaConf.to_container(raw, resolve=True))
+    raw_dict["recipe"] = path.stem
+    cfg = from_dict(raw_dict, source=str(path))
+    validate(cfg)
+    return cfg
+
+
+def from_dict(data: dict[str, Any], source: str = "config") -> RootConfig:
+    """Type-check a plain dict against the schema and build the dataclasses."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), data)
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{source}: {_omegaconf_message(exc)}") from None
+    return cast(RootConfig, obj)
+
+
+def _load_cluster_file(cluster_file: str) -> dict[str, Any]:
+    path = Path(cluster_file)
+    if not path.is_file():
+        raise UserError(f"cluster file {cluster_file} does not exist")
+    body = _load_yaml(path)
+    body = body.get("cluster", body)
+    try:
+        OmegaConf.merge(OmegaConf.structured(RootConfig).cluster, body)
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{path}: {_omegaconf_message(exc)}") from None
+    return body
+
+
+def all_keys() -> list[str]:
+    """Every dotted key of the schema (for 'did you mean' hints)."""
+    root = OmegaConf.structured(RootConfig)
+    keys: list[str] = []
+    for group in GROUPS:
+        keys.extend(f"{group}.{k}" for k in root[group])
+    return keys
+
+
+def _check_override_keys(overrides: list[str]) -> None:
+    known = set(all_keys())
+    for ov in overrides:
+        key = re.split(r"[=~]", ov.lstrip("+~"), maxsplit=1)[0].strip()
+        if "=" not in ov:
+            raise UserError(f"override {ov!r} is not key=value")
+        if key in GROUPS:
+            options = list_options(key)
+            value = ov.split("=", 1)[1]
+            if value not in options:
+                raise UserError(f"unknown {key} option {value!r}{_closest(value, options)}")
+            continue
+        if key == "recipe" or key in known:
+            continue
+        raise UserError(f"unknown config key {key!r}{_closest(key, sorted(known))}")
+
+
+def _hydra_message(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    head = text[0] if text else type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        head = f"{head}: {str(cause).strip().splitlines()[0]}"
+    return head
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    msg = str(exc).strip().splitlines()[0]
+    key = getattr(exc, "full_key", None)
+    return f"{key}: {msg}" if key and key not in msg else msg
+
+
+def cfg_to_yaml(cfg: RootConfig) -> str:
+    """The resolved configuration as YAML text (what a run directory stores)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def load_resolved(path: str | Path) -> RootConfig:
+    """Reload a configuration saved by `cfg_to_yaml` and validate it again."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"resolved config {p} does not exist")
+    cfg = from_dict(_load_yaml(p), source=str(p))
+    validate(cfg)
+    return cfg

@@ -1,0 +1,43 @@
+"""Flatten a configuration into (dotted key, value, docstring) rows for `llmctl recipes show`."""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from llmctl.config.resources import list_recipes, resource_dir
+from llmctl.config.schema import RootConfig
+
+
+def describe(cfg: RootConfig) -> list[tuple[str, Any, str]]:
+    """Every leaf field of `cfg` with its value and docstring, in schema order."""
+    rows: list[tuple[str, Any, str]] = []
+    _walk(cfg, "", rows)
+    return rows
+
+
+def _walk(obj: Any, prefix: str, rows: list[tuple[str, Any, str]]) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _walk(value, f"{key}.", rows)
+        else:
+            plain = value.value if isinstance(value, Enum) else value
+            rows.append((key, plain, str(f.metadata.get("doc", ""))))
+
+
+def recipe_summary(name: str) -> str:
+    """First comment line of a shipped recipe (what it reproduces)."""
+    path: Path = resource_dir("recipes") / f"{name}.yaml"
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def recipe_table() -> list[tuple[str, str]]:
+    """(name, summary) of every shipped recipe."""
+    return [(name, recipe_summary(name)) for name in list_recipes()]

@@ -1,0 +1,297 @@
+"""The configuration schema: mutable keyword-only dataclasses, one per Hydra config group.
+
+Hydra rejects overrides on frozen dataclasses, so these stay mutable; `validate()` checks them after
+overrides and the planner receives frozen values built from them once (STYLE rules 5 and 6).
+Every field carries a docstring in its metadata (`doc`): `llmctl recipes show` prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from omegaconf import MISSING
+
+
+def doc(default: Any = MISSING, text: str = "", *, factory: Any = None) -> Any:
+    """A dataclass field with a docstring kept in its metadata."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+class ModelFamily(StrEnum):
+    llama = "llama"
+    gpt = "gpt"
+
+
+class Norm(StrEnum):
+    layernorm = "layernorm"
+    rmsnorm = "rmsnorm"
+
+
+class Activation(StrEnum):
+    gelu = "gelu"
+    swiglu = "swiglu"
+
+
+class PositionEmbedding(StrEnum):
+    learned_absolute = "learned_absolute"
+    rope = "rope"
+
+
+class Dtype(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class Fp8Recipe(StrEnum):
+    none = "none"
+    delayed = "delayed"
+    current = "current"
+
+
+class Recompute(StrEnum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class OptimizerSharding(StrEnum):
+    none = "none"
+    distributed = "distributed"
+    full = "full"
+
+
+class LauncherKind(StrEnum):
+    local = "local"
+    torchrun = "torchrun"
+    slurm = "slurm"
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Transformer shape: what megatron-core builds and what the memory and FLOP models need."""
+
+    name: str = doc(text="Model name, e.g. llama3_70b.")
+    family: ModelFamily = doc(ModelFamily.llama, "Architecture family: llama or gpt.")
+    num_layers: int = doc(text="Number of transformer layers.")
+    hidden_size: int = doc(text="Hidden (model) dimension h.")
+    ffn_hidden_size: int = doc(text="MLP intermediate dimension.")
+    num_attention_heads: int = doc(text="Number of attention (query) heads a.")
+    num_query_groups: int = doc(text="Key/value head groups (GQA); equals heads for MHA.")
+    kv_channels: int | None = doc(None, "Head dimension; None means hidden_size / heads.")
+    vocab_size: int = doc(text="Padded vocabulary size used by the embedding and the logits.")
+    seq_length: int = doc(text="Training sequence length s.")
+    max_position_embeddings: int | None = doc(None, "Positions table size; None = seq_length.")
+    normalization: Norm = doc(Norm.rmsnorm, "Normalization layer: layernorm or rmsnorm.")
+    activation: Activation = doc(Activation.swiglu, "MLP activation: gelu or swiglu (gated).")
+    position_embedding: PositionEmbedding = doc(
+        PositionEmbedding.rope, "Position embedding: learned_absolute or rope."
+    )
+    rotary_base: float = doc(10000.0, "RoPE base frequency.")
+    tied_embeddings: bool = doc(False, "Share the input embedding with the output layer.")
+    add_bias_linear: bool = doc(False, "Bias terms in the linear layers (GPT-style).")
+    num_experts: int = doc(0, "Number of MoE experts; 0 means a dense model.")
+    moe_router_topk: int = doc(2, "Experts each token is routed to (MoE only).")
+    moe_ffn_hidden_size: int | None = doc(None, "Expert MLP dimension; None = ffn_hidden_size.")
+    init_method_std: float = doc(0.02, "Standard deviation of the weight initialisation.")
+    norm_epsilon: float = doc(1e-5, "Epsilon of the normalization layers.")
+
+
+@dataclass(kw_only=True)
+class ClusterConfig:
+    """The hardware: per-GPU peaks, memory, interconnects and named memory overheads."""
+
+    name: str = doc(text="Cluster name, e.g. dgx_h100.")
+    gpu_name: str = doc(text="Accelerator model, e.g. H100-SXM5-80GB (or the CPU model).")
+    device: str = doc("cuda", "Device kind: cuda or cpu.")
+    num_nodes: int = doc(1, "Number of nodes.")
+    gpus_per_node: int = doc(8, "Accelerators (or ranks on CPU) per node.")
+    hbm_gib: float = doc(text="Memory per accelerator, GiB.")
+    hbm_bandwidth_gbps: float = doc(text="Memory bandwidth per accelerator, GB/s.")
+    peak_tflops: dict[str, float] = doc(
+        factory=dict, text="Dense peak TFLOP/s per dtype (fp32, tf32, bf16, fp16, fp8, fp4)."
+    )
+    achievable_fraction: dict[str, float] = doc(
+        factory=dict, text="Fraction of peak large GEMMs reach in practice, per dtype."
+    )
+    nvlink_domain_size: int = doc(8, "GPUs sharing one NVLink domain (8 for DGX, 72 for NVL72).")
+    nvlink_bandwidth_gbps: float = doc(text="NVLink bandwidth per GPU, one direction, GB/s.")
+    internode_bandwidth_gbps: float = doc(text="Inter-node bandwidth per GPU, one direction, GB/s.")
+    internode_latency_us: float = doc(5.0, "Inter-node message latency, microseconds.")
+    cuda_context_gib: float = doc(0.5, "Memory taken by the CUDA context and kernels, GiB.")
+    nccl_buffer_gib: float = doc(1.0, "Memory taken by NCCL communicator buffers, GiB.")
+    fragmentation_fraction: float = doc(0.05, "Allocator fragmentation, fraction of allocated.")
+    cpu_cores: int | None = doc(None, "CPU cores per node, if known.")
+    host_memory_gib: float | None = doc(None, "Host memory per node, GiB, if known.")
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """The layout. Each None lets the planner search that dimension."""
+
+    tp: int | None = doc(None, "Tensor-parallel size (inside the NVLink domain).")
+    pp: int | None = doc(None, "Pipeline-parallel size.")
+    vpp: int | None = doc(None, "Virtual pipeline stages per rank (interleaved 1F1B).")
+    cp: int | None = doc(None, "Context-parallel size (splits the sequence).")
+    ep: int | None = doc(None, "Expert-parallel size (MoE only).")
+    dp: int | None = doc(None, "Data-parallel size; world / (tp*pp*cp) when searched.")
+    micro_batch_size: int | None = doc(None, "Micro-batch size per rank.")
+    sequence_parallel: bool | None = doc(None, "Sequence parallelism (needs tp > 1; GPU only).")
+    recompute: Recompute | None = doc(None, "Activation recompute: none, selective or full.")
+    optimizer_sharding: OptimizerSharding | None = doc(
+        None, "Optimizer-state sharding: none, distributed (ZeRO-1) or full (FSDP)."
+    )
+    allow_tp_outside_nvlink: bool = doc(False, "Let TP cross the NVLink domain.")
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    """Numerics of the GEMMs and the parameters."""
+
+    name: str = doc("fp32", "Precision recipe name: fp32, bf16, fp8_delayed or fp8_current.")
+    dtype: Dtype = doc(Dtype.fp32, "Compute dtype of the GEMMs.")
+    params_dtype: Dtype = doc(Dtype.fp32, "Dtype of the model parameters (fp32 or bf16).")
+    fp8_recipe: Fp8Recipe = doc(Fp8Recipe.none, "FP8 scaling recipe (Transformer Engine).")
+    fp8_amax_history_len: int = doc(1024, "Amax history length for delayed scaling.")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Optimisation schedule and run bookkeeping."""
+
+    global_batch_size: int = doc(8, "Sequences per optimizer step, across all DP ranks.")
+    train_iters: int = doc(50, "Optimizer steps to run.")
+    train_tokens: float | None = doc(None, "Tokens for the time-to-train estimate of `plan`.")
+    lr: float = doc(3e-4, "Peak learning rate.")
+    min_lr: float = doc(3e-5, "Final learning rate of the cosine decay.")
+    warmup_iters: int = doc(5, "Linear warm-up steps.")
+    lr_decay_iters: int | None = doc(None, "Steps of cosine decay; None = train_iters.")
+    weight_decay: float = doc(0.1, "AdamW weight decay.")
+    adam_beta1: float = doc(0.9, "Adam beta1.")
+    adam_beta2: float = doc(0.95, "Adam beta2.")
+    adam_eps: float = doc(1e-8, "Adam epsilon.")
+    clip_grad: float = doc(1.0, "Gradient-norm clipping threshold.")
+    seed: int = doc(1234, "Random seed.")
+    log_interval: int = doc(1, "Steps between metric records.")
+    eval_interval: int = doc(25, "Steps between validation passes; 0 = never.")
+    eval_iters: int = doc(2, "Validation batches per pass.")
+    run_dir: str | None = doc(None, "Run directory; None = runs/<recipe>-<UTC timestamp>.")
+    force: bool = doc(False, "Launch even if the plan predicts the layout does not fit.")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Training data: Megatron indexed datasets and their blend."""
+
+    prefixes: list[str] = doc(
+        factory=list, text="Megatron .bin/.idx path prefixes; empty = build the demo corpus."
+    )
+    weights: list[float] | None = doc(None, "Blend weights, one per prefix; None = equal.")
+    split: str = doc("98,2,0", "Train/valid/test split of each dataset, in parts.")
+    tokenizer: str | None = doc(None, "Path to tokenizer.json; None = the demo tokenizer.")
+    cache_dir: str | None = doc(None, "Where indices and the demo corpus are cached.")
+    num_workers: int = doc(0, "Data-loader worker processes.")
+
+
+@dataclass(kw_only=True)
+class LauncherConfig:
+    """How processes are started: local torchrun, torchrun over ssh, or SLURM."""
+
+    kind: LauncherKind = doc(LauncherKind.local, "local, torchrun (multi-node over ssh) or slurm.")
+    nproc_per_node: int | None = doc(None, "Processes per node; None = from the layout.")
+    hostfile: str | None = doc(None, "Hostfile for the torchrun launcher (one host per line).")
+    rdzv_port: int = doc(29500, "Rendezvous TCP port.")
+    max_restarts: int = doc(0, "torchrun restarts of a failed worker group.")
+    ssh_user: str | None = doc(None, "User for ssh launches; None = current user.")
+    ssh_options: list[str] = doc(factory=list, text="Extra ssh options, e.g. -F CONFIG.")
+    python: str | None = doc(None, "Python interpreter on the nodes; None = this one.")
+    env: dict[str, str] = doc(factory=dict, text="Environment set for every rank.")
+    secrets: list[str] = doc(
+        factory=list, text="Names of environment variables passed through (never values)."
+    )
+    slurm_partition: str | None = doc(None, "SLURM partition.")
+    slurm_account: str | None = doc(None, "SLURM account.")
+    slurm_time: str = doc("01:00:00", "SLURM time limit.")
+    slurm_job_name: str | None = doc(None, "SLURM job name; None = the run name.")
+    slurm_signal: str = doc("USR1@90", "Signal and lead time sent before the time limit.")
+    slurm_requeue: bool = doc(True, "Requeue the job on preemption or node failure.")
+    slurm_extra: list[str] = doc(factory=list, text="Extra #SBATCH lines, verbatim options.")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Distributed checkpoints (megatron-core dist_checkpointing, torch_dist format)."""
+
+    interval: int = doc(0, "Steps between checkpoints; 0 = only at the end (if enabled).")
+    async_save: bool = doc(True, "Write checkpoints asynchronously while training continues.")
+    keep_last: int = doc(2, "Complete checkpoints kept, newest first.")
+    keep_every: int | None = doc(None, "Also keep every N-th step as a milestone.")
+    max_failed_saves: int = doc(3, "Stop cleanly after this many consecutive failed saves.")
+    save_retries: int = doc(1, "Retries of a failed save before it counts as failed.")
+    load: bool = doc(True, "Resume from the newest complete checkpoint if one exists.")
+
+
+@dataclass(kw_only=True)
+class PlanConfig:
+    """Search options of `llmctl plan`."""
+
+    top_k: int = doc(5, "Layouts shown in the ranking.")
+    headroom_fraction: float = doc(0.05, "Memory kept free on every accelerator.")
+    micro_batch_sizes: list[int] = doc(
+        factory=lambda: [1, 2, 4, 8], text="Micro-batch sizes the search considers."
+    )
+    allow_uneven_pp: bool = doc(False, "Allow PP sizes that do not divide the layer count.")
+
+
+@dataclass(kw_only=True)
+class QuantConfig:
+    """Post-training quantization (llm-compressor, compressed-tensors format)."""
+
+    scheme: str = doc("W4A16", "W8A16, W4A16, W8A8 or FP8_DYNAMIC.")
+    algorithm: str = doc("gptq", "rtn, gptq or awq (where the scheme allows).")
+    group_size: int = doc(128, "Weight quantization group size.")
+    ignore: list[str] = doc(factory=lambda: ["lm_head"], text="Modules left unquantized.")
+    num_calibration_samples: int = doc(64, "Calibration sequences.")
+    calibration_seq_length: int = doc(256, "Tokens per calibration sequence.")
+    smoothing_strength: float = doc(0.8, "SmoothQuant alpha (W8A8 only).")
+
+
+@dataclass(kw_only=True)
+class RootConfig:
+    """A whole run: one node per config group."""
+
+    recipe: str = doc("", "Recipe this configuration was composed from.")
+    model: ModelConfig = doc(factory=ModelConfig, text="Model shape.")
+    cluster: ClusterConfig = doc(factory=ClusterConfig, text="Hardware.")
+    parallel: ParallelConfig = doc(factory=ParallelConfig, text="Layout (None = search).")
+    precision: PrecisionConfig = doc(factory=PrecisionConfig, text="Numerics.")
+    train: TrainConfig = doc(factory=TrainConfig, text="Schedule and run bookkeeping.")
+    data: DataConfig = doc(factory=DataConfig, text="Training data.")
+    launcher: LauncherConfig = doc(factory=LauncherConfig, text="Process launcher.")
+    checkpoint: CheckpointConfig = doc(factory=CheckpointConfig, text="Checkpointing.")
+    plan: PlanConfig = doc(factory=PlanConfig, text="Planner search options.")
+    quant: QuantConfig = doc(factory=QuantConfig, text="Quantization.")
+
+
+GROUPS: tuple[str, ...] = (
+    "model", "cluster", "parallel", "precision", "train", "data",
+    "launcher", "checkpoint", "plan", "quant",
+)  # fmt: skip
+
+DEFAULT_CHOICES: dict[str, str] = {
+    "model": "tiny",
+    "cluster": "local_cpu",
+    "parallel": "auto",
+    "precision": "fp32",
+    "train": "default",
+    "data": "demo",
+    "launcher": "local",
+    "checkpoint": "default",
+    "plan": "default",
+    "quant": "default",
+}

@@ -1,0 +1,64 @@
+"""Checks that need several fields at once, run after overrides (STYLE rule 6)."""
+
+from __future__ import annotations
+
+from llmctl.config.schema import Dtype, Fp8Recipe, ModelFamily, PositionEmbedding, RootConfig
+from llmctl.errors import UserError
+
+
+def validate(cfg: RootConfig) -> None:
+    """Raise UserError naming the first inconsistent field."""
+    _validate_model(cfg)
+    _validate_parallel(cfg)
+    _validate_precision(cfg)
+    t = cfg.train
+    if t.global_batch_size < 1 or t.train_iters < 0:
+        raise UserError("train.global_batch_size must be >= 1 and train.iters >= 0")
+    if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
+        raise UserError(
+            f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
+            f"{len(cfg.data.prefixes)}"
+        )
+
+
+def _validate_model(cfg: RootConfig) -> None:
+    m = cfg.model
+    for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                 "num_query_groups", "vocab_size", "seq_length"):  # fmt: skip
+        if getattr(m, name) < 1:
+            raise UserError(f"model.{name} must be >= 1, got {getattr(m, name)}")
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
+        raise UserError(
+            f"model.hidden_size {m.hidden_size} not divisible by "
+            f"model.num_attention_heads {m.num_attention_heads} (set model.kv_channels)"
+        )
+    if m.num_attention_heads % m.num_query_groups:
+        raise UserError(
+            f"model.num_attention_heads {m.num_attention_heads} not divisible by "
+            f"model.num_query_groups {m.num_query_groups}"
+        )
+    if m.num_experts and m.moe_router_topk > m.num_experts:
+        raise UserError(f"model.moe_router_topk {m.moe_router_topk} > num_experts {m.num_experts}")
+    if m.family == ModelFamily.gpt and m.position_embedding == PositionEmbedding.rope:
+        pass  # allowed: GPT-style blocks with rotary positions
+
+
+def _validate_parallel(cfg: RootConfig) -> None:
+    p = cfg.parallel
+    for name in ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size"):
+        value = getattr(p, name)
+        if value is not None and value < 1:
+            raise UserError(f"parallel.{name} must be >= 1, got {value}")
+    if cfg.cluster.num_nodes < 1 or cfg.cluster.gpus_per_node < 1:
+        raise UserError("cluster.num_nodes and cluster.gpus_per_node must be >= 1")
+
+
+def _validate_precision(cfg: RootConfig) -> None:
+    pr = cfg.precision
+    if (pr.dtype == Dtype.fp8) != (pr.fp8_recipe != Fp8Recipe.none):
+        raise UserError(
+            f"precision.dtype={pr.dtype} needs precision.fp8_recipe "
+            f"{'delayed or current' if pr.dtype == Dtype.fp8 else 'none'}, got {pr.fp8_recipe}"
+        )
+    if pr.params_dtype not in (Dtype.fp32, Dtype.bf16, Dtype.fp16):
+        raise UserError(f"precision.params_dtype must be fp32, bf16 or fp16, got {pr.params_dtype}")

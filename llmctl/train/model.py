@@ -1,0 +1,164 @@
+"""Build megatron-core's GPTModel (one chunk per virtual pipeline stage) from llmctl's config.
+
+Llama-style models use RMSNorm, SwiGLU (gated linear unit with SiLU), RoPE, GQA and untied
+embeddings; GPT-style use LayerNorm, GeLU and learned absolute positions. Both are just
+field values of `ModelConfig`; nothing here branches on the family name. On GPU the Transformer
+Engine layer spec is used (required for FP8; fused kernels); on CPU the local spec, with every
+fusion off and CPU initialisation (megatron's fused kernels and TE are CUDA-only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl.train.layout import TrainLayout
+from llmctl.train.precision import PrecisionRecipe, megatron_precision_kwargs
+
+
+def _value(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def _recompute_kwargs(layout: TrainLayout) -> dict[str, Any]:
+    if layout.recompute == "full":
+        return {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
+    if layout.recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    return {}
+
+
+def _device_kwargs(on_gpu: bool) -> dict[str, Any]:
+    """Fusions and init placement. All fused kernels need CUDA (most also TE or Apex)."""
+    return {
+        "use_cpu_initialization": not on_gpu,
+        "gradient_accumulation_fusion": on_gpu,
+        "bias_activation_fusion": on_gpu,
+        "masked_softmax_fusion": on_gpu,
+        "bias_dropout_fusion": on_gpu,
+        "apply_rope_fusion": on_gpu,
+        "persist_layer_norm": on_gpu,
+    }
+
+
+def transformer_config(
+    model: Any, layout: TrainLayout, precision: Any, recipe: PrecisionRecipe, *, on_gpu: bool
+) -> Any:
+    """megatron `TransformerConfig` for the model, layout and precision.
+
+    Args:
+        model: `cfg.model`.
+        layout: The resolved layout.
+        precision: `cfg.precision`.
+        recipe: The checked precision recipe.
+        on_gpu: Whether CUDA (and the fused paths) are in use.
+    """
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    swiglu = _value(model.activation) == "swiglu"
+    prec = megatron_precision_kwargs(precision, recipe)
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.kv_channels,
+        normalization="RMSNorm" if _value(model.normalization) == "rmsnorm" else "LayerNorm",
+        layernorm_epsilon=model.norm_epsilon,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+        add_bias_linear=model.add_bias_linear,
+        init_method_std=model.init_method_std,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        num_moe_experts=model.num_experts or None,
+        moe_router_topk=model.moe_router_topk if model.num_experts else 2,
+        moe_ffn_hidden_size=(model.moe_ffn_hidden_size if model.num_experts else None),
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        sequence_parallel=layout.sequence_parallel,
+        pipeline_dtype=prec["params_dtype"] if layout.pp > 1 else None,
+        deallocate_pipeline_outputs=True,
+        variable_seq_lengths=False,
+        **_recompute_kwargs(layout),
+        **_device_kwargs(on_gpu),
+        **prec,
+    )
+
+
+def layer_spec(config: Any, model: Any, *, use_te: bool) -> Any:
+    """The transformer layer spec: Transformer Engine on GPU, megatron's local modules on CPU."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    num_experts = model.num_experts or None
+    if use_te:
+        return specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts, moe_grouped_gemm=False
+        )
+    return specs.get_gpt_layer_local_spec(
+        num_experts=num_experts, normalization=config.normalization
+    )
+
+
+def build_model_chunks(
+    model: Any, config: Any, layout: TrainLayout, *, use_te: bool
+) -> list[Any]:
+    """One GPTModel per virtual pipeline stage held by this rank (one without VPP).
+
+    Args:
+        model: `cfg.model`.
+        config: The `TransformerConfig` from `transformer_config`.
+        layout: The resolved layout.
+        use_te: Use the Transformer Engine layer spec.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    spec = layer_spec(config, model, use_te=use_te)
+    rope = _value(model.position_embedding) == "rope"
+    chunks = []
+    for vp_stage in range(layout.vpp or 1):
+        vp = vp_stage if layout.vpp else None
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=model.vocab_size,
+            max_sequence_length=model.max_position_embeddings or model.seq_length,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            share_embeddings_and_output_weights=model.tied_embeddings,
+            position_embedding_type="rope" if rope else "learned_absolute",
+            rotary_base=int(model.rotary_base),
+            vp_stage=vp,
+        )
+        chunks.append(chunk)
+    return chunks
+
+
+def count_parameters(model: Any) -> int:
+    """Parameters of the full (unsharded) model, from the config alone.
+
+    Counts embeddings (and the output layer unless tied), per-layer attention (Q, K, V with GQA,
+    output projection), MLP (two or three matrices for SwiGLU), norms, and optional biases.
+    """
+    h, f, v, n = model.hidden_size, model.ffn_hidden_size, model.vocab_size, model.num_layers
+    head_dim = model.kv_channels or h // model.num_attention_heads
+    q = model.num_attention_heads * head_dim
+    kv = 2 * model.num_query_groups * head_dim
+    attn = h * (q + kv) + q * h
+    mats = 3 if _value(model.activation) == "swiglu" else 2
+    mlp = mats * h * f * max(model.num_experts, 1)
+    norms = 2 * h * (2 if _value(model.normalization) == "layernorm" else 1)
+    bias = (q + kv + h + (mats - 1) * f + h) if model.add_bias_linear else 0
+    embed = v * h * (1 if model.tied_embeddings else 2)
+    pos = 0 if _value(model.position_embedding) == "rope" else model.seq_length * h
+    final_norm = h * (2 if _value(model.normalization) == "layernorm" else 1)
+    return n * (attn + mlp + norms + bias) + embed + pos + final_norm

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# A real one-node SLURM cluster on this machine, for tests and demos: scripts/slurm_local.sh up|down|status
+#
+# Installs the Debian packages if missing (slurmctld slurmd slurm-client munge), writes its
+# configuration, state, logs and PID files under one run folder ($LLMCTL_SLURM_DIR, default
+# /tmp/llmctl-slurm), starts munged (as the munge user), slurmctld and slurmd, and waits until
+# `sinfo` shows the node idle. Idempotent: `up` on a running cluster only checks it.
+# `down` stops the daemons it started by the PIDs in their PID files (never by name).
+# Needs root (the daemons run as root, without systemd).
+#
+# Clients (sbatch, sinfo, scontrol) find the configuration through /etc/slurm/slurm.conf, which
+# `up` makes a link to the run folder's file when nothing else is there; otherwise export
+# SLURM_CONF=<run folder>/etc/slurm.conf (printed by `up` and `status`).
+set -euo pipefail
+
+DIR="${LLMCTL_SLURM_DIR:-/tmp/llmctl-slurm}"
+CONF="$DIR/etc/slurm.conf"
+SYS_CONF=/etc/slurm/slurm.conf
+CTLD_PORT="${LLMCTL_SLURMCTLD_PORT:-6817}"
+SLURMD_PORT="${LLMCTL_SLURMD_PORT:-6818}"
+WAIT_S="${LLMCTL_SLURM_WAIT_S:-60}"
+PACKAGES=(slurmctld slurmd slurm-client munge)
+
+log() { echo "slurm_local: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# A PID file names a live process (not a zombie).
+alive() {
+  local pidfile=$1 pid state
+  [[ -s $pidfile ]] || return 1
+  pid=$(<"$pidfile")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  [[ -r /proc/$pid/stat ]] || return 1
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [[ $state != Z && $state != X ]]
+}
+
+need_root() { [[ $(id -u) == 0 ]] || die "needs root (daemons run as root without systemd); run with sudo"; }
+
+install_packages() {
+  local missing=0 bin
+  for bin in slurmctld slurmd sinfo sbatch munged munge unmunge; do
+    command -v "$bin" >/dev/null 2>&1 || missing=1
+  done
+  [[ $missing == 0 ]] && return 0
+  command -v apt-get >/dev/null 2>&1 || die "slurm/munge not installed and no apt-get: install ${PACKAGES[*]}"
+  log "installing ${PACKAGES[*]} (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null || die "apt-get update failed"
+  apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null \
+    || die "apt-get install ${PACKAGES[*]} failed"
+}
+
+start_munge() {
+  mkdir -p /run/munge /etc/munge /var/log/munge /var/lib/munge
+  chown munge:munge /run/munge /var/log/munge /var/lib/munge
+  if [[ ! -s /etc/munge/munge.key ]]; then
+    log "creating /etc/munge/munge.key"
+    if command -v mungekey >/dev/null 2>&1; then mungekey --create --keyfile=/etc/munge/munge.key
+    else dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none; fi
+  fi
+  chown munge:munge /etc/munge/munge.key
+  chmod 0400 /etc/munge/munge.key
+  if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+    return 0   # a munged is already serving the default socket (ours or the system's)
+  fi
+  touch "$DIR/run/munged.pid" && chown munge:munge "$DIR/run/munged.pid"
+  runuser -u munge -- /usr/sbin/munged --pid-file="$DIR/run/munged.pid" --force \
+    || die "munged failed to start (see /var/log/munge/munged.log)"
+  local i
+  for i in $(seq 50); do
+    munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  die "munge -n | unmunge fails after starting munged"
+}
+
+# cgroup v1 process tracking when the freezer/cpuset/memory hierarchies are writable, else linuxproc.
+cgroup_usable() {
+  [[ ${LLMCTL_SLURM_NO_CGROUP:-0} == 1 ]] && return 1
+  local c probe
+  for c in freezer cpuset memory; do
+    [[ -d /sys/fs/cgroup/$c ]] || return 1
+    probe="/sys/fs/cgroup/$c/llmctl_probe_$$"
+    mkdir "$probe" 2>/dev/null || return 1
+    rmdir "$probe"
+  done
+}
+
+write_config() {
+  local host node_line track task
+  host=$(hostname -s)
+  getent hosts "$host" >/dev/null || die "hostname '$host' does not resolve: add '127.0.0.1 $host' to /etc/hosts"
+  node_line=$(slurmd -C 2>/dev/null | head -1)
+  [[ $node_line == NodeName=* ]] || die "slurmd -C printed no node line"
+  # Keep CPUs and memory only; sockets/cores layout from slurmd -C can disagree inside a VM.
+  local cpus mem
+  cpus=$(sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' <<<"$node_line")
+  mem=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$node_line")
+  if cgroup_usable; then
+    track=proctrack/cgroup; task=task/cgroup,task/affinity
+    cat >"$DIR/etc/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v1
+CgroupAutomount=no
+ConstrainCores=no
+ConstrainRAMSpace=no
+EOF
+  else
+    track=proctrack/linuxproc; task=task/none
+    rm -f "$DIR/etc/cgroup.conf"
+  fi
+  cat >"$CONF" <<EOF
+# Written by scripts/slurm_local.sh: a one-node cluster for tests. Do not edit; rerun 'up'.
+ClusterName=llmctl-local
+SlurmctldHost=$host
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=$track
+TaskPlugin=$task
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+ReturnToService=2
+MinJobAge=300
+KillWait=30
+InactiveLimit=0
+NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+EOF
+  chmod 0644 "$CONF"
+  # Link the client config when /etc/slurm is free (or already ours).
+  mkdir -p /etc/slurm
+  if [[ -L $SYS_CONF || ! -e $SYS_CONF ]]; then ln -sfn "$CONF" "$SYS_CONF"; fi
+}
+
+wait_idle() {
+  local i state host
+  host=$(hostname -s)
+  for i in $(seq $((WAIT_S * 5))); do
+    state=$(SLURM_CONF=$CONF sinfo -h -n "$host" -o '%T' 2>/dev/null | head -1 || true)
+    case $state in
+      idle|mixed|allocated|completing) return 0 ;;
+      down*|drain*|fail*) SLURM_CONF=$CONF scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true ;;
+    esac
+    sleep 0.2
+  done
+  die "node '$host' not idle after ${WAIT_S}s (state: ${state:-none}); see $DIR/log/"
+}
+
+up() {
+  need_root
+  install_packages
+  mkdir -p "$DIR"/{etc,state,spool,run,log}
+  if alive "$DIR/run/slurmctld.pid" && alive "$DIR/run/slurmd.pid"; then
+    wait_idle
+    log "already up (SLURM_CONF=$CONF)"
+    return 0
+  fi
+  start_munge
+  write_config
+  alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF" || die "slurmctld failed; see $DIR/log/slurmctld.log"
+  alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF" || die "slurmd failed; see $DIR/log/slurmd.log"
+  wait_idle
+  log "up: node $(hostname -s) idle (SLURM_CONF=$CONF)"
+}
+
+stop_pidfile() {
+  local pidfile=$1 name=$2 pid i
+  if ! alive "$pidfile"; then rm -f "$pidfile"; return 0; fi
+  pid=$(<"$pidfile")
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 100); do
+    alive "$pidfile" || { rm -f "$pidfile"; log "stopped $name ($pid)"; return 0; }
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$pidfile"
+  log "killed $name ($pid)"
+}
+
+down() {
+  need_root
+  stop_pidfile "$DIR/run/slurmd.pid" slurmd
+  stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
+  stop_pidfile "$DIR/run/munged.pid" munged
+  if [[ -L $SYS_CONF && $(readlink "$SYS_CONF") == "$CONF" ]]; then rm -f "$SYS_CONF"; fi
+  # State is dropped so the next 'up' starts clean (job ids restart, no stale jobs).
+  rm -rf "$DIR/state" "$DIR/spool"
+}
+
+status() {
+  local d rc=0
+  for d in munged slurmctld slurmd; do
+    if alive "$DIR/run/$d.pid"; then echo "$d: running (pid $(<"$DIR/run/$d.pid"))"
+    elif [[ $d == munged ]] && munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then echo "munged: running (not started here)"
+    else echo "$d: stopped"; rc=1; fi
+  done
+  echo "SLURM_CONF=$CONF"
+  [[ $rc == 0 ]] && SLURM_CONF=$CONF sinfo 2>&1
+  return $rc
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status   (run folder: \$LLMCTL_SLURM_DIR, default /tmp/llmctl-slurm)" >&2; exit 2 ;;
+esac
