@@ -13,6 +13,9 @@ except ImportError:  # pragma: no cover - older Typer uses the click package
     from click import ClickException as _ClickException  # type: ignore[assignment]
 
 
+__all__ = ["UserError", "_ClickException"]
+
+
 class UserError(_ClickException):
     """Bad input: an unknown name, an impossible layout, a malformed file.
 

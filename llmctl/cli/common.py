@@ -8,11 +8,14 @@ Usage in a command::
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config import RootConfig
 
 RecipeArgs = Annotated[
     list[str] | None,
@@ -33,7 +36,9 @@ NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Number of nodes."
 GpusOpt = Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node.")]
 ClusterFileOpt = Annotated[
     str | None,
-    typer.Option("--cluster-file", help="Cluster description YAML (e.g. from `llmctl topo --save`)."),
+    typer.Option(
+        "--cluster-file", help="Cluster description YAML (e.g. from `llmctl topo --save`)."
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print what would run; run nothing.")]
@@ -59,7 +64,7 @@ def compose_from_cli(
     cluster_file: str | None = None,
     default_recipe: str | None = None,
     **flags: int | None,
-):  # type: ignore[no-untyped-def]
+) -> RootConfig:
     """Compose the run configuration from CLI arguments (recipe, overrides, short flags)."""
     from llmctl.config import compose, flag_overrides
 

@@ -7,7 +7,6 @@ must answer in well under a second.
 from __future__ import annotations
 
 import sys
-
 from typing import Annotated
 
 import typer

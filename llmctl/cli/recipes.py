@@ -32,7 +32,9 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 @app.command("show")
 def show_cmd(
     recipe: Annotated[str, typer.Argument(help="Recipe name or path to a recipe YAML.")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="Hydra overrides key=value.")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Hydra overrides key=value.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the resolved configuration of RECIPE with each field's docstring."""

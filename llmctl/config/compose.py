@@ -91,11 +91,12 @@ def _recipe_choices(path: Path, body: dict[str, Any]) -> dict[str, str]:
         ((group, option),) = item.items()
         group = str(group).removeprefix("override ").lstrip("/")
         if group not in GROUPS:
-            raise UserError(f"{path}: unknown config group {group!r}{_closest(group, list(GROUPS))}")
-        if option not in list_options(group):
             raise UserError(
-                f"{path}: unknown {group} option {option!r}{_closest(str(option), list_options(group))}"
+                f"{path}: unknown config group {group!r}{_closest(group, list(GROUPS))}"
             )
+        if option not in list_options(group):
+            hint = _closest(str(option), list_options(group))
+            raise UserError(f"{path}: unknown {group} option {option!r}{hint}")
         choices[group] = str(option)
     return choices
 
@@ -161,7 +162,7 @@ def _load_cluster_file(cluster_file: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"cluster file {cluster_file} does not exist")
     body = _load_yaml(path)
-    body = body.get("cluster", body)
+    body = cast(dict[str, Any], body.get("cluster", body))
     try:
         OmegaConf.merge(OmegaConf.structured(RootConfig).cluster, body)
     except OmegaConfBaseException as exc:

@@ -117,7 +117,7 @@ class ShardWriter:
     def __init__(self, prefix: str | Path, dtype: type) -> None:
         self.prefix = Path(prefix)
         self.dtype = dtype
-        self._bin = open(bin_path(prefix), "wb")
+        self._bin = open(bin_path(prefix), "wb")  # noqa: SIM115 (closed in close())
         self._lengths: list[np.ndarray] = []
 
     def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:

@@ -66,7 +66,7 @@ def test_recipe_from_yaml_path_and_resolved_round_trip(tmp_path: Path) -> None:
 def test_malformed_recipe_file_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: [unclosed\n")
-    with pytest.raises(UserError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(UserError, match=r"bad\.yaml: not valid YAML"):
         compose(str(bad))
 
 

@@ -1,0 +1,121 @@
+"""One parallel layout and how it splits the layers over pipeline stages.
+
+Uneven pipeline splits (what we do when PP does not divide the layers):
+1. `L % (pp*vpp) == 0`: every virtual stage gets `L/(pp*vpp)` layers.
+2. `(L+2) % (pp*vpp) == 0`: Megatron's `account_for_embedding_in_pipeline_split` and
+   `account_for_loss_in_pipeline_split`: the embedding and the loss each count as one layer,
+   so the first and the last virtual stage hold one transformer layer fewer (Llama-3.1 405B,
+   126 layers, runs PP=8 VPP=8 this way). Always allowed: it is a standard Megatron option.
+3. Otherwise, only with `allow_uneven_pp` and no VPP: Megatron's
+   `num_layers_in_first_pipeline_stage` / `num_layers_in_last_pipeline_stage`; the middle
+   stages hold `ceil(L/pp)` layers each, the first and last share the rest (first <= last).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmctl.plan.specs import Recompute, Sharding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSplit:
+    """Transformer layers held by the first, a middle (the largest) and the last stage."""
+
+    first: int
+    middle: int
+    last: int
+    method: str
+
+    @property
+    def bottleneck(self) -> int:
+        """Layers of the stage with the most layers."""
+        return max(self.first, self.middle, self.last)
+
+
+def split_layers(num_layers: int, pp: int, vpp: int, allow_uneven: bool) -> StageSplit | None:
+    """Layers per physical stage, or None when no rule above applies."""
+    chunks = pp * vpp
+    if num_layers % chunks == 0:
+        n = num_layers // pp
+        return StageSplit(first=n, middle=n, last=n, method="even")
+    if pp > 1 and (num_layers + 2) % chunks == 0 and (num_layers + 2) // chunks >= 2:
+        n = (num_layers + 2) // pp
+        return StageSplit(first=n - 1, middle=n, last=n - 1, method="embedding+loss as layers")
+    if allow_uneven and vpp == 1 and pp > 2:
+        middle = -(-num_layers // pp)
+        rest = num_layers - (pp - 2) * middle
+        first = rest // 2
+        if first >= 1:
+            return StageSplit(first=first, middle=middle, last=rest - first, method="uneven")
+    if allow_uneven and vpp == 1 and pp == 2:
+        return StageSplit(first=num_layers // 2, middle=num_layers - num_layers // 2,
+                          last=num_layers - num_layers // 2, method="uneven")  # fmt: skip
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Parallel degrees, micro-batch and memory options of one candidate.
+
+    Validated at construction: `Layout.__post_init__` checks each degree; products against a
+    world size are checked by `check_world` (the planner's errors name the failing product).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    micro_batch_size: int = 1
+    sequence_parallel: bool = False
+    recompute: Recompute = Recompute.none
+    sharding: Sharding = Sharding.distributed
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.upper()} must be >= 1, got {getattr(self, name)}")
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError(f"VPP={self.vpp} needs PP > 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence parallelism needs TP > 1")
+
+    @property
+    def world_size(self) -> int:
+        """TP*PP*CP*DP (EP is carved out of DP*CP, as in Megatron)."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        """Micro-batches per step on each data-parallel rank."""
+        return global_batch_size // (self.micro_batch_size * self.dp)
+
+    def short(self) -> str:
+        """Compact one-line name: `TP4 PP8 VPP5 CP1 DP2 MBS1 SP sel dist`."""
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        parts += [f"CP{self.cp}"]
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        parts += [f"DP{self.dp}", f"MBS{self.micro_batch_size}"]
+        if self.sequence_parallel:
+            parts.append("SP")
+        parts += [f"rc={self.recompute.value}", f"opt={self.sharding.value}"]
+        return " ".join(parts)
+
+    def as_dict(self) -> dict[str, int | bool | str]:
+        """Plain dict (JSON, perf.json `layout`)."""
+        return {
+            "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep,
+            "dp": self.dp, "micro_batch_size": self.micro_batch_size,
+            "sequence_parallel": self.sequence_parallel, "recompute": self.recompute.value,
+            "optimizer_sharding": self.sharding.value,
+        }  # fmt: skip
+
+
+def check_world(world: int, tp: int, pp: int, cp: int) -> None:
+    """Raise ValueError naming the product when TP*PP*CP does not divide the world."""
+    if world % (tp * pp * cp):
+        raise ValueError(f"{world} GPUs not divisible by TP*PP*CP = {tp}*{pp}*{cp}")

@@ -1,0 +1,208 @@
+"""Training data: Megatron indexed datasets through GPTDataset and BlendedMegatronDatasetBuilder.
+
+`resolve_data` runs before any training process starts (no torch): it checks that every
+`.bin/.idx` prefix is readable, builds or finds the demo corpus when no prefix is given, and
+checks the tokenizer's vocabulary against the model's. The per-rank side (`build_datasets`,
+`MicroBatches`) follows megatron's pretraining sampler: every optimizer step consumes
+`global_batch_size` consecutive samples of the (shuffled) dataset; micro-batch k of step t on
+DP rank r holds samples `t*gbs + k*mbs*dp + r*mbs ... + mbs`. Every layout therefore sees the
+same samples in each step, which is what makes TP/PP/DP runs comparable with TP=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import UserError
+
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<eod>", "<|end_of_text|>")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    """Checked inputs of the data pipeline."""
+
+    prefixes: tuple[str, ...]
+    weights: tuple[float, ...] | None
+    tokenizer_path: str | None
+    tokenizer_vocab_size: int | None
+    eod_id: int
+    cache_dir: str
+
+
+def default_cache_dir(cfg: Any) -> Path:
+    """`data.cache_dir`, or ~/.cache/llmctl/demo."""
+    if cfg.data.cache_dir:
+        return Path(cfg.data.cache_dir).expanduser()
+    return Path.home() / ".cache" / "llmctl" / "demo"
+
+
+def check_prefix(prefix: str) -> None:
+    """Raise `UserError` unless `prefix.bin` and `prefix.idx` exist and are readable."""
+    for ext in (".bin", ".idx"):
+        path = Path(prefix + ext)
+        if not path.is_file():
+            raise UserError(
+                f"data prefix {prefix}: {path} not found; build it with `llmctl data preprocess`"
+            )
+        if not os.access(path, os.R_OK):
+            raise UserError(f"data prefix {prefix}: {path} is not readable (check permissions)")
+
+
+def tokenizer_info(path: str) -> tuple[int, int]:
+    """(vocab size including added tokens, end-of-document id) of a `tokenizer.json`.
+
+    Raises:
+        UserError: If the file is missing or not a tokenizers JSON file.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UserError(f"data.tokenizer={path} not found (expected a tokenizer.json)")
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(p))
+    except Exception as e:
+        raise UserError(f"data.tokenizer={path} is not a readable tokenizer.json: {e}") from e
+    eod = next((i for t in EOD_CANDIDATES if (i := tok.token_to_id(t)) is not None), 0)
+    return tok.get_vocab_size(with_added_tokens=True), eod
+
+
+def _demo_data(cfg: Any) -> tuple[str, str | None]:
+    """Build (or reuse) the demo corpus; returns (prefix, tokenizer.json path or None)."""
+    try:
+        from llmctl.data.demo import prepare_demo_data
+    except ImportError as e:
+        raise UserError(
+            "no data.prefixes given and the demo corpus builder (llmctl.data.demo) is "
+            "unavailable; pass data.prefixes=[PREFIX]"
+        ) from e
+    prefix = str(prepare_demo_data(default_cache_dir(cfg)))
+    tok = Path(prefix).parent / "tokenizer.json"
+    return prefix, (str(tok) if tok.is_file() else None)
+
+
+def resolve_data(cfg: Any) -> DataSpec:
+    """Check the data config and return what the ranks need. Runs before processes start.
+
+    Raises:
+        UserError: Missing/unreadable prefix, weight count mismatch, or a tokenizer whose
+            vocabulary is larger than `model.vocab_size`.
+    """
+    prefixes, tok_path = list(cfg.data.prefixes), cfg.data.tokenizer
+    if not prefixes:
+        prefix, demo_tok = _demo_data(cfg)
+        prefixes, tok_path = [prefix], tok_path or demo_tok
+    for prefix in prefixes:
+        check_prefix(prefix)
+    weights = cfg.data.weights
+    if weights is not None and len(weights) != len(prefixes):
+        raise UserError(
+            f"data.weights has {len(weights)} entries but data.prefixes has {len(prefixes)}"
+        )
+    vocab, eod = (None, 0)
+    if tok_path:
+        vocab, eod = tokenizer_info(tok_path)
+        if vocab > cfg.model.vocab_size:
+            raise UserError(
+                f"tokenizer {tok_path} has {vocab} tokens but model.vocab_size="
+                f"{cfg.model.vocab_size}; set model.vocab_size >= {vocab}"
+            )
+    return DataSpec(
+        prefixes=tuple(prefixes),
+        weights=None if weights is None else tuple(float(w) for w in weights),
+        tokenizer_path=tok_path,
+        tokenizer_vocab_size=vocab,
+        eod_id=eod,
+        cache_dir=str(default_cache_dir(cfg)),
+    )
+
+
+def spec_to_json(spec: DataSpec) -> str:
+    """JSON of a DataSpec (passed to ranks through the run directory)."""
+    return json.dumps({k: getattr(spec, k) for k in DataSpec.__slots__}, indent=2)
+
+
+class _TokenizerInfo:
+    """The two tokenizer facts GPTDataset uses: vocab size and the end-of-document id."""
+
+    def __init__(self, vocab_size: int, eod: int) -> None:
+        self.vocab_size = vocab_size
+        self.eod = eod
+
+
+def build_datasets(
+    cfg: Any, spec: DataSpec, num_train_samples: int, num_valid_samples: int
+) -> tuple[Any, Any]:
+    """Train and validation datasets (megatron GPTDataset, blended when several prefixes).
+
+    Must be called on every rank (the builder synchronises index caching across ranks).
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    weights = list(spec.weights) if spec.weights else None
+    config = GPTDatasetConfig(
+        random_seed=cfg.train.seed,
+        sequence_length=cfg.model.seq_length,
+        blend=(list(spec.prefixes), weights),
+        split=cfg.data.split,
+        path_to_cache=str(Path(spec.cache_dir) / "index-cache"),
+        tokenizer=_TokenizerInfo(spec.tokenizer_vocab_size or cfg.model.vocab_size, spec.eod_id),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        mid_level_dataset_surplus=0.005,
+    )
+    sizes = [num_train_samples, num_valid_samples, 0]
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, sizes, lambda: True, config
+    ).build()
+    return train, valid
+
+
+class MicroBatches:
+    """Iterator over this DP rank's micro-batches, megatron pretraining-sampler order.
+
+    Args:
+        dataset: A megatron dataset (indexable, dict samples with tokens/labels/...).
+        micro_batch_size: Samples per micro-batch.
+        dp_rank: Data-parallel rank.
+        dp: Data-parallel size.
+        consumed_samples: Global samples consumed before the first batch (for resume).
+    """
+
+    def __init__(
+        self, dataset: Any, micro_batch_size: int, dp_rank: int, dp: int, consumed_samples: int = 0
+    ) -> None:
+        self.dataset = dataset
+        self.mbs, self.dp_rank, self.dp = micro_batch_size, dp_rank, dp
+        self.consumed_samples = consumed_samples
+
+    def __iter__(self) -> MicroBatches:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        import torch
+
+        start = self.consumed_samples + self.dp_rank * self.mbs
+        n = len(self.dataset)
+        samples = [self.dataset[(start + i) % n] for i in range(self.mbs)]
+        self.consumed_samples += self.mbs * self.dp
+        keys = ("tokens", "labels", "loss_mask", "position_ids")
+        return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in keys}
+
+    def state_dict(self) -> dict[str, int]:
+        """Position in the sample stream (what a checkpoint must keep)."""
+        return {"consumed_samples": self.consumed_samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a saved position."""
+        self.consumed_samples = int(state["consumed_samples"])

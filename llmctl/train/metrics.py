@@ -1,0 +1,160 @@
+"""Throughput, FLOPs and MFU accounting, the metrics JSONL file and the perf report.
+
+Why these formulas: model FLOPs per token follow the PaLM convention used by most MFU reports,
+`6 * N_matmul + 12 * L * s * d_attn` for a training step (forward 2 FLOPs per multiply-add,
+backward twice the forward), where `N_matmul` counts the weights every token multiplies through
+(attention projections, MLP, and the logits layer; not the embedding lookup) and the second term
+is attention scores and values over the full sequence (causal masking is not discounted, matching
+Megatron-LM's and PaLM's reporting). Recomputation is not counted: MFU measures useful work.
+MFU = achieved model FLOP/s per device / the device's dense peak for the compute dtype
+(`cluster.peak_tflops`). Pure Python (no torch) so it is unit-tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def _v(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def flops_per_token(model: Any) -> float:
+    """Training FLOPs per token (PaLM/Megatron convention, see module docstring)."""
+    h, f, v = model.hidden_size, model.ffn_hidden_size, model.vocab_size
+    head_dim = model.kv_channels or h // model.num_attention_heads
+    q = model.num_attention_heads * head_dim
+    kv = 2 * model.num_query_groups * head_dim
+    mats = 3 if _v(model.activation) == "swiglu" else 2
+    ffn = model.moe_ffn_hidden_size or f if model.num_experts else f
+    active_experts = model.moe_router_topk if model.num_experts else 1
+    per_layer = h * (q + kv) + q * h + mats * h * ffn * active_experts
+    n_matmul = model.num_layers * per_layer + v * h
+    attention = 12 * model.num_layers * model.seq_length * q
+    return 6.0 * n_matmul + attention
+
+
+def peak_tflops_for(cluster: Any, dtype: str) -> float | None:
+    """Dense peak TFLOP/s of one device for a compute dtype (fp8 falls back to bf16)."""
+    peaks = dict(cluster.peak_tflops or {})
+    for key in (dtype, "bf16" if dtype == "fp8" else dtype, "tf32" if dtype == "fp32" else dtype):
+        if peaks.get(key):
+            return float(peaks[key])
+    return None
+
+
+@dataclass(slots=True)
+class StepMetrics:
+    """One logged step."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float | None
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_device: float
+    mfu: float | None
+    mem_gib: float | None
+    consumed_samples: int
+    val_loss: float | None = None
+    time: float = field(default_factory=time.time)
+
+
+class MetricsLog:
+    """Appends one JSON object per line to RUN_DIR/metrics.jsonl (rank 0 only)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: TextIO = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Write and flush one record (NaN/inf become null)."""
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()
+        }
+        self._f.write(json.dumps(clean) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._f.close()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PerfReport:
+    """Predicted (plan) versus measured performance of a run."""
+
+    cluster: str
+    layout: dict[str, Any]
+    dtype: str
+    num_devices: int
+    predicted_step_s: float | None
+    measured_step_s: float
+    predicted_peak_mem_gib: float | None
+    measured_peak_mem_gib: float | None
+    tokens_per_s: float
+    predicted_tokens_per_s: float | None
+    tflops_per_device: float
+    mfu: float | None
+    steps_measured: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def _ratio(pred: float | None, meas: float | None) -> str:
+    if pred is None or meas is None or meas == 0:
+        return "n/a"
+    return f"{pred / meas:.2f}"
+
+
+def perf_markdown(r: PerfReport) -> str:
+    """The predicted-vs-measured table as Markdown (RUN_DIR/perf.md)."""
+
+    def fmt(x: float | None, spec: str = ".4g") -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    rows = [
+        ("step time (s)", r.predicted_step_s, r.measured_step_s),
+        ("tokens/s", r.predicted_tokens_per_s, r.tokens_per_s),
+        ("peak memory (GiB)", r.predicted_peak_mem_gib, r.measured_peak_mem_gib),
+    ]
+    layout = " ".join(f"{k}={v}" for k, v in r.layout.items() if v is not None)
+    lines = [
+        f"# Predicted vs measured: {r.cluster}, {r.dtype}, {r.num_devices} device(s)",
+        "",
+        f"Layout: {layout}",
+        "",
+        "| metric | predicted | measured | predicted/measured |",
+        "|---|---|---|---|",
+        *(f"| {n} | {fmt(p)} | {fmt(m)} | {_ratio(p, m)} |" for n, p, m in rows),
+        "",
+        f"TFLOP/s per device: {r.tflops_per_device:.4g}; MFU: {fmt(r.mfu, '.2%')}; "
+        f"steady-state steps measured: {r.steps_measured}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_perf(run_dir: Path, report: PerfReport) -> None:
+    """Write RUN_DIR/perf.json and RUN_DIR/perf.md."""
+    (run_dir / "perf.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    (run_dir / "perf.md").write_text(perf_markdown(report))
+
+
+def steady_state_step_s(step_times_s: list[float]) -> float:
+    """Median step time after dropping the first steps (warm-up, allocator, caches)."""
+    if not step_times_s:
+        return float("nan")
+    skip = min(len(step_times_s) // 5 + 1, len(step_times_s) - 1) if len(step_times_s) > 1 else 0
+    times = sorted(step_times_s[skip:])
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])

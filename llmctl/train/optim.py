@@ -1,0 +1,93 @@
+"""Megatron DDP, the megatron optimizer (AdamW) and the warmup + cosine LR schedule.
+
+What runs where: the distributed optimizer (ZeRO-1, `parallel.optimizer_sharding=distributed`)
+trains correctly on CPU with gloo, but its checkpoints are only partly loadable in
+megatron-core 0.16.1 on the torch-Adam path (see docs/train.md), so the default on CPU is the
+plain optimizer; GPU runs use what the layout asks for. Gradient reduction is in fp32 for every
+precision (`grad_reduce_in_fp32`); with DP > 1 on GPU it overlaps the backward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl.errors import UserError
+from llmctl.train.layout import TrainLayout
+
+
+def wrap_ddp(chunks: list[Any], config: Any, layout: TrainLayout, *, on_gpu: bool) -> list[Any]:
+    """Wrap each model chunk in megatron's DistributedDataParallel and hook the grad sync."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+
+    if layout.optimizer_sharding == "full":
+        raise UserError("parallel.optimizer_sharding=full (FSDP) is not supported by llmctl train")
+    overlap = on_gpu and layout.dp > 1
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=overlap,
+        use_distributed_optimizer=layout.optimizer_sharding == "distributed",
+    )
+    wrapped = [
+        DistributedDataParallel(
+            config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+    for m in wrapped:
+        m.broadcast_params()
+    config.no_sync_func = [m.no_sync for m in wrapped]
+    if len(wrapped) == 1:
+        config.no_sync_func = config.no_sync_func[0]
+    if overlap:
+        config.grad_sync_func = [m.start_grad_sync for m in wrapped]
+        if len(wrapped) == 1:
+            config.grad_sync_func = config.grad_sync_func[0]
+    config.finalize_model_grads_func = finalize_model_grads
+    return wrapped
+
+
+def build_optimizer(cfg: Any, model: list[Any], config: Any, layout: TrainLayout) -> Any:
+    """megatron's optimizer (Adam with decoupled weight decay) over all chunks."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    t = cfg.train
+    opt_config = OptimizerConfig(
+        optimizer="adam",
+        lr=t.lr,
+        min_lr=t.min_lr,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        adam_eps=t.adam_eps,
+        clip_grad=t.clip_grad,
+        bf16=config.bf16,
+        fp16=config.fp16,
+        params_dtype=config.params_dtype,
+        use_distributed_optimizer=layout.optimizer_sharding == "distributed",
+    )
+    return get_megatron_optimizer(opt_config, model)
+
+
+def build_scheduler(cfg: Any, optimizer: Any) -> Any:
+    """Linear warmup to `train.lr`, cosine decay to `train.min_lr`; steps count iterations."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    t = cfg.train
+    decay = t.lr_decay_iters or t.train_iters
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=t.lr,
+        min_lr=t.min_lr,
+        lr_warmup_steps=min(t.warmup_iters, max(decay - 1, 0)),
+        lr_decay_steps=max(decay, 1),
+        lr_decay_style="cosine",
+        start_wd=t.weight_decay,
+        end_wd=t.weight_decay,
+        wd_incr_steps=max(t.train_iters, 1),
+        wd_incr_style="constant",
+    )
