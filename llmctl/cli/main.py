@@ -40,9 +40,17 @@ def _root(
 
 def _register() -> None:
     """Attach every command group. Each line imports one light CLI module."""
-    from llmctl.cli import recipes
+    from llmctl.cli import recipes, topo
 
     app.add_typer(recipes.app, name="recipes")
+    app.command(name="topo")(topo.topo)
+    from llmctl.cli import train as train_cli
+
+    app.command(name="train")(train_cli.train)
+    from llmctl.cli import jobs
+
+    app.command(name="status")(jobs.status)
+    app.command(name="logs")(jobs.logs)
 
 
 _register()

@@ -66,6 +66,9 @@ class BadInputError(Exception):
         extra = f" ({detail})" if detail else ""
         super().__init__(f"{path}:{line}: {problem.value}{extra}")
 
+    def __reduce__(self) -> tuple:
+        return (BadInputError, (self.path, self.line, self.problem, self.detail))
+
 
 @dataclass(slots=True)
 class ProblemLog:

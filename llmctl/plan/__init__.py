@@ -1,0 +1,47 @@
+"""The parallelism planner: pure functions over frozen values (stdlib + math only).
+
+`plan(PlanInput) -> PlanResult` searches every valid layout; `evaluate` scores one layout.
+The memory model is in `memory`, FLOP accounting in `flops`, step time in `perf`.
+"""
+
+from llmctl.plan.calibrate import PerfRecord, calibrate
+from llmctl.plan.layout import Layout, StageSplit, split_layers
+from llmctl.plan.memory import MemoryBreakdown
+from llmctl.plan.perf import StepTime, Throughput
+from llmctl.plan.search import Evaluation, PlanResult, Rejection, evaluate, plan
+from llmctl.plan.specs import (
+    AttentionKernel,
+    ClusterSpec,
+    Constraints,
+    ModelSpec,
+    PlanInput,
+    Recompute,
+    RunSpec,
+    SearchSpec,
+    Sharding,
+)
+
+__all__ = [
+    "AttentionKernel",
+    "ClusterSpec",
+    "Constraints",
+    "Evaluation",
+    "Layout",
+    "MemoryBreakdown",
+    "ModelSpec",
+    "PerfRecord",
+    "PlanInput",
+    "PlanResult",
+    "Recompute",
+    "Rejection",
+    "RunSpec",
+    "SearchSpec",
+    "Sharding",
+    "StageSplit",
+    "StepTime",
+    "Throughput",
+    "calibrate",
+    "evaluate",
+    "plan",
+    "split_layers",
+]

@@ -127,11 +127,16 @@ class ClusterSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSpec:
-    """What one step computes and in which numerics."""
+    """What one step computes and in which numerics.
+
+    `grad_dtype` is the gradient buffer and reduction dtype: fp32 is Megatron-LM's default for
+    bf16 training; Megatron-Bridge's performance recipes set `grad_reduce_in_fp32=False` (bf16).
+    """
 
     global_batch_size: int
     compute_dtype: str
     params_dtype: str
+    grad_dtype: str = "fp32"
     fp8: bool = False
     attention: AttentionKernel = AttentionKernel.flash
     train_tokens: float | None = None
@@ -139,7 +144,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.global_batch_size < 1:
             raise ValueError(f"global_batch_size must be >= 1, got {self.global_batch_size}")
-        for dtype in (self.compute_dtype, self.params_dtype):
+        for dtype in (self.compute_dtype, self.params_dtype, self.grad_dtype):
             if dtype not in BYTES:
                 raise ValueError(f"unknown dtype {dtype}")
 

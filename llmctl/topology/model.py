@@ -142,7 +142,11 @@ def to_dict(topology: Topology) -> dict[str, Any]:
 
 
 def topology_from_dict(data: dict[str, Any]) -> Topology:
-    """Rebuild a topology from `to_dict` output. Raises KeyError/TypeError/ValueError if malformed."""
+    """Rebuild a topology from `to_dict` output.
+
+    Raises:
+        KeyError, TypeError, ValueError: the dict is not what `to_dict` writes.
+    """
     cpu = data.get("cpu")
     slurm = data.get("slurm")
     return Topology(

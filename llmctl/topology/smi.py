@@ -68,10 +68,7 @@ def _parse_row(
     line: str, device: str, n: int, source: str, lineno: int
 ) -> tuple[list[str], list[str]]:
     """Split one matrix row into its n link cells and its attribute cells, checking each."""
-    if "\t" in line:
-        cells = [c.strip() for c in line.split("\t")]
-    else:
-        cells = line.split()
+    cells = [c.strip() for c in line.split("\t")] if "\t" in line else line.split()
     if not cells or cells[0] != device:
         got = f"{cells[0]!r}" if cells and cells[0] else "an empty line"
         raise UserError(f"{source}: line {lineno}: expected the row of {device}, got {got}")

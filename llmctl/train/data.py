@@ -133,6 +133,8 @@ class _TokenizerInfo:
     def __init__(self, vocab_size: int, eod: int) -> None:
         self.vocab_size = vocab_size
         self.eod = eod
+        # Part of the dataset's cache key (megatron hashes it into the index file names).
+        self.unique_identifiers = {"class": "llmctl", "vocab_size": vocab_size, "eod": eod}
 
 
 def build_datasets(

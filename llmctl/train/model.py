@@ -32,8 +32,15 @@ def _recompute_kwargs(layout: TrainLayout) -> dict[str, Any]:
 
 
 def _device_kwargs(on_gpu: bool) -> dict[str, Any]:
-    """Fusions and init placement. All fused kernels need CUDA (most also TE or Apex)."""
+    """Fusions, init placement and pipeline p2p mode.
+
+    All fused kernels need CUDA (most also TE or Apex). `batch_p2p_comm` is off on CPU: with
+    gloo, batched isend/irecv in both directions at once (the interleaved schedule's steady
+    state, micro-batches > PP) gave wrong activations (step-1 loss 8.3738 instead of 8.3743,
+    measured); separate send/recv ops match TP=1 exactly.
+    """
     return {
+        "batch_p2p_comm": on_gpu,
         "use_cpu_initialization": not on_gpu,
         "gradient_accumulation_fusion": on_gpu,
         "bias_activation_fusion": on_gpu,
@@ -94,8 +101,14 @@ def transformer_config(
     )
 
 
-def layer_spec(config: Any, model: Any, *, use_te: bool) -> Any:
-    """The transformer layer spec: Transformer Engine on GPU, megatron's local modules on CPU."""
+def layer_spec(config: Any, model: Any, *, use_te: bool, seed: int | None = None) -> Any:
+    """The transformer layer spec: Transformer Engine on GPU, megatron's local modules on CPU.
+
+    With `seed` (local spec, CPU initialisation), each layer's weights are drawn from a
+    generator reseeded with `seed + global layer number`, so the initial model is the same
+    whatever the PP/VPP split (megatron draws layers from one running CPU stream otherwise,
+    and a stage that starts at layer 3 would see a different stream than TP=1 does).
+    """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     num_experts = model.num_experts or None
@@ -103,13 +116,32 @@ def layer_spec(config: Any, model: Any, *, use_te: bool) -> Any:
         return specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts, moe_grouped_gemm=False
         )
-    return specs.get_gpt_layer_local_spec(
+    spec = specs.get_gpt_layer_local_spec(
         num_experts=num_experts, normalization=config.normalization
     )
+    if seed is not None:
+        attn = spec.submodules.self_attention
+        attn.module = _seeded(attn.module, seed)
+    return spec
+
+
+def _seeded(cls: type, seed: int) -> type:
+    """Subclass of an attention module that reseeds the CPU RNG from its global layer number.
+
+    Attention is the first randomly initialised module of a layer and receives the global
+    (PP/VPP-offset) `layer_number`, so the whole layer's draws depend only on that number.
+    """
+    import torch
+
+    def __init__(self: Any, *args: Any, layer_number: int, **kwargs: Any) -> None:
+        torch.manual_seed(seed * 1009 + layer_number)
+        cls.__init__(self, *args, layer_number=layer_number, **kwargs)  # type: ignore[misc]
+
+    return type(f"Seeded{cls.__name__}", (cls,), {"__init__": __init__})
 
 
 def build_model_chunks(
-    model: Any, config: Any, layout: TrainLayout, *, use_te: bool
+    model: Any, config: Any, layout: TrainLayout, *, use_te: bool, seed: int
 ) -> list[Any]:
     """One GPTModel per virtual pipeline stage held by this rank (one without VPP).
 
@@ -118,11 +150,14 @@ def build_model_chunks(
         config: The `TransformerConfig` from `transformer_config`.
         layout: The resolved layout.
         use_te: Use the Transformer Engine layer spec.
+        seed: Base seed of the run (layer-wise init seeds on CPU, see `layer_spec`).
     """
+    import torch
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    spec = layer_spec(config, model, use_te=use_te)
+    spec = layer_spec(config, model, use_te=use_te, seed=None if use_te else seed)
+    torch.manual_seed(seed)
     rope = _value(model.position_embedding) == "rope"
     chunks = []
     for vp_stage in range(layout.vpp or 1):
@@ -140,6 +175,7 @@ def build_model_chunks(
             vp_stage=vp,
         )
         chunks.append(chunk)
+    torch.manual_seed(seed)
     return chunks
 
 

@@ -79,8 +79,9 @@ def init_model_parallel(layout: TrainLayout, seed: int, on_gpu: bool) -> None:
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
     )
-    # Same base seed on every rank (megatron's convention: PP stages differ by 100*pp_rank).
-    seed_here = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    # One seed on every rank. Megatron's own trainer offsets it by 100*pp_rank; llmctl does
+    # not, so the initial model does not depend on the PP split (see model.layer_spec).
+    seed_here = seed
     random.seed(seed_here)
     np.random.seed(seed_here)
     torch.manual_seed(seed_here)

@@ -1,0 +1,156 @@
+"""Build the planner's frozen inputs from a composed `RootConfig`, and run `plan` on a recipe.
+
+This is the only bridge between `llmctl.config` (mutable, Hydra) and `llmctl.plan` (pure,
+frozen). It also reads the `perf.json` records that `--calibrate RUN_DIR` points at.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llmctl.config.schema import (
+    Activation,
+    ModelFamily,
+    Norm,
+    PositionEmbedding,
+    RootConfig,
+)
+from llmctl.errors import UserError
+from llmctl.plan import (
+    AttentionKernel,
+    ClusterSpec,
+    Constraints,
+    ModelSpec,
+    PerfRecord,
+    PlanInput,
+    PlanResult,
+    Recompute,
+    RunSpec,
+    SearchSpec,
+    Sharding,
+    calibrate,
+    plan,
+)
+
+
+def model_spec(cfg: RootConfig) -> ModelSpec:
+    """Frozen model shape; GPT-family models train with dropout (Korthikanti et al. 2022)."""
+    m = cfg.model
+    learned = m.position_embedding == PositionEmbedding.learned_absolute
+    return ModelSpec(
+        name=m.name,
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
+        vocab_size=m.vocab_size,
+        seq_length=m.seq_length,
+        gated_mlp=m.activation == Activation.swiglu,
+        layernorm_bias=m.normalization == Norm.layernorm,
+        add_bias_linear=m.add_bias_linear,
+        learned_positions=(m.max_position_embeddings or m.seq_length) if learned else 0,
+        tied_embeddings=m.tied_embeddings,
+        dropout=m.family == ModelFamily.gpt,
+        num_experts=m.num_experts,
+        moe_router_topk=m.moe_router_topk if m.num_experts else 1,
+        moe_ffn_hidden_size=(m.moe_ffn_hidden_size or 0) if m.num_experts else 0,
+    )
+
+
+def cluster_spec(cfg: RootConfig) -> ClusterSpec:
+    """Frozen hardware description."""
+    c = cfg.cluster
+    return ClusterSpec(
+        name=c.name,
+        num_nodes=c.num_nodes,
+        gpus_per_node=c.gpus_per_node,
+        hbm_gib=c.hbm_gib,
+        hbm_bandwidth_gbps=c.hbm_bandwidth_gbps,
+        peak_tflops=dict(c.peak_tflops),
+        achievable_fraction=dict(c.achievable_fraction),
+        nvlink_domain_size=c.nvlink_domain_size,
+        nvlink_bandwidth_gbps=c.nvlink_bandwidth_gbps,
+        internode_bandwidth_gbps=c.internode_bandwidth_gbps,
+        internode_latency_us=c.internode_latency_us,
+        cuda_context_gib=c.cuda_context_gib,
+        nccl_buffer_gib=c.nccl_buffer_gib,
+        fragmentation_fraction=c.fragmentation_fraction,
+    )
+
+
+def run_spec(cfg: RootConfig) -> RunSpec:
+    """Batch and numerics. Flash attention on CUDA with 16-bit or FP8 compute."""
+    dtype = str(cfg.precision.dtype)
+    flash = cfg.cluster.device == "cuda" and dtype != "fp32"
+    return RunSpec(
+        global_batch_size=cfg.train.global_batch_size,
+        compute_dtype=dtype,
+        params_dtype=str(cfg.precision.params_dtype),
+        fp8=dtype == "fp8",
+        attention=AttentionKernel.flash if flash else AttentionKernel.unfused,
+        train_tokens=cfg.train.train_tokens,
+    )
+
+
+def plan_input(cfg: RootConfig) -> PlanInput:
+    """Everything the planner needs, frozen."""
+    p, s = cfg.parallel, cfg.plan
+    constraints = Constraints(
+        tp=p.tp, pp=p.pp, vpp=p.vpp, cp=p.cp, ep=p.ep, dp=p.dp,
+        micro_batch_size=p.micro_batch_size, sequence_parallel=p.sequence_parallel,
+        recompute=Recompute(str(p.recompute)) if p.recompute is not None else None,
+        sharding=Sharding(str(p.optimizer_sharding)) if p.optimizer_sharding is not None else None,
+        allow_tp_outside_nvlink=p.allow_tp_outside_nvlink,
+    )  # fmt: skip
+    search = SearchSpec(
+        top_k=s.top_k,
+        headroom_fraction=s.headroom_fraction,
+        micro_batch_sizes=tuple(s.micro_batch_sizes),
+        allow_uneven_pp=s.allow_uneven_pp,
+    )
+    return PlanInput(model=model_spec(cfg), cluster=cluster_spec(cfg), run=run_spec(cfg),
+                     constraints=constraints, search=search)  # fmt: skip
+
+
+def load_perf_record(run_dir: str | Path) -> PerfRecord:
+    """Read RUN_DIR/perf.json (written by `llmctl train`) into a `PerfRecord`."""
+    path = Path(run_dir) / "perf.json"
+    if not path.is_file():
+        raise UserError(f"{path} does not exist (run `llmctl train` first, or pick a run dir)")
+    try:
+        data = json.loads(path.read_text())
+        return PerfRecord(
+            cluster=str(data["cluster"]),
+            dtype=str(data["dtype"]),
+            predicted_step_s=float(data["predicted_step_s"]),
+            measured_step_s=float(data["measured_step_s"]),
+            predicted_peak_mem_gib=float(data["predicted_peak_mem_gib"]),
+            measured_peak_mem_gib=(
+                float(data["measured_peak_mem_gib"])
+                if data.get("measured_peak_mem_gib") is not None
+                else None
+            ),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: malformed perf record ({exc})") from None
+
+
+def plan_config(cfg: RootConfig, calibrate_dirs: list[str] | None = None) -> PlanResult:
+    """Plan a composed configuration, after calibrating the cluster on measured runs.
+
+    Raises:
+        UserError: an impossible explicit layout (the message names the failing product) or
+            an unreadable perf.json.
+    """
+    inp = plan_input(cfg)
+    if calibrate_dirs:
+        records = [load_perf_record(d) for d in calibrate_dirs]
+        inp = PlanInput(model=inp.model, cluster=calibrate(inp.cluster, records), run=inp.run,
+                        constraints=inp.constraints, search=inp.search)  # fmt: skip
+    try:
+        return plan(inp)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None

@@ -1,0 +1,329 @@
+"""Vectorised shingling, MinHash signatures and LSH banding, in numpy.
+
+Why this shape: per-document Python loops cap MinHash at a few thousand documents per second.
+Here a whole batch of documents is handled with array operations only:
+
+1. Shingle hashes without Python loops. The batch is joined into one byte array. A polynomial
+   hash of any byte range [s, e) is read off one prefix sum, all modulo 2**64 (numpy's native
+   uint64 wrap-around): with Q[j] = byte[j] * P**-j and C = cumsum(Q),
+   hash(s, e) = (C[e] - C[s]) * P**(e-1) = sum_j byte[j] * P**(e-1-j).  P is odd, hence
+   invertible modulo 2**64. Words are the runs between ASCII whitespace; a word n-gram combines
+   n consecutive word hashes with fixed odd multipliers; a character n-gram is hash(i, i+n) over
+   UTF-8 bytes. A murmur3 finaliser mixes every hash; shingles are its high 32 bits. The result
+   depends on the text alone (no per-process hash seed), so signatures computed on different
+   machines agree, which the SLURM array path relies on.
+2. Signatures by multiply-add-shift: h_k(x) = ((a_k * x + b_k) mod 2**64) >> 32 with odd random
+   a_k and random b_k, a 2-independent family for 32-bit x (Dietzfelbinger 1996). Because the
+   shift is monotone, min_x h_k(x) = (min_x (a_k x + b_k)) >> 32, so the shift is applied once
+   per signature entry, after the reduction. The (num_perm, shingles) product is computed for a
+   few thousand shingles at a time so it stays in cache, and `np.minimum.reduceat` takes the
+   per-document minima along the contiguous axis.
+3. LSH: a signature of `bands * rows` values is cut into bands; each band's rows are hashed to
+   one 64-bit key; documents sharing a key in any band are candidates. The probability that a
+   pair with Jaccard similarity s becomes a candidate is 1 - (1 - s**rows)**bands.
+"""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+_U64 = np.uint64
+_P = _U64(0x100000001B3)  # the FNV-1a 64-bit prime: odd
+_P_INV = _U64(pow(int(_P), -1, 1 << 64))
+_FMIX_C1 = _U64(0xFF51AFD7ED558CCD)
+_FMIX_C2 = _U64(0xC4CEB9FE1A85EC53)
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[[9, 10, 11, 12, 13, 32]] = True
+_MAX_HASH = np.uint32(0xFFFFFFFF)
+_BLOCK_SHINGLES = 6144
+_BATCH_DOCS = 128
+
+
+class ShingleUnit(StrEnum):
+    """What an n-gram is made of."""
+
+    WORD = "word"
+    CHAR = "char"
+
+
+@dataclass(frozen=True, slots=True)
+class Normalization:
+    """How text is normalised before hashing (both exact and fuzzy dedup)."""
+
+    lowercase: bool = True
+    strip_punctuation: bool = True
+    collapse_whitespace: bool = True
+    nfkc: bool = False
+
+
+_PUNCT_TABLE = str.maketrans(dict.fromkeys(string.punctuation, " "))
+
+
+def normalize(text: str, norm: Normalization) -> str:
+    """Apply a normalisation to one text."""
+    if norm.nfkc:
+        text = unicodedata.normalize("NFKC", text)
+    if norm.lowercase:
+        text = text.lower()
+    if norm.strip_punctuation:
+        text = text.translate(_PUNCT_TABLE)
+    if norm.collapse_whitespace:
+        text = " ".join(text.split())
+    return text
+
+
+def _byte_table(norm: Normalization) -> np.ndarray:
+    """Byte-level part of a normalisation: ASCII punctuation to space."""
+    table = np.arange(256, dtype=np.uint8)
+    if norm.strip_punctuation:
+        table[[ord(ch) for ch in string.punctuation]] = ord(" ")
+    return table
+
+
+def _collapse(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Squeeze whitespace runs to one byte; map document bounds accordingly."""
+    ws = _WHITESPACE[data]
+    keep = ~(ws & np.concatenate([[True], ws[:-1]]))
+    kept = np.concatenate([[0], np.cumsum(keep)])
+    return data[keep], kept[bounds]
+
+
+def fmix64(x: np.ndarray) -> np.ndarray:
+    """murmur3's 64-bit finaliser, in place on a uint64 array; returns it."""
+    x ^= x >> _U64(33)
+    x *= _FMIX_C1
+    x ^= x >> _U64(33)
+    x *= _FMIX_C2
+    x ^= x >> _U64(33)
+    return x
+
+
+class _Powers:
+    """Growing tables of P**i and P**-i modulo 2**64."""
+
+    def __init__(self) -> None:
+        self.pos = np.ones(1, dtype=np.uint64)
+        self.neg = np.ones(1, dtype=np.uint64)
+
+    def ensure(self, n: int) -> None:
+        if len(self.pos) >= n:
+            return
+        size = max(n, 2 * len(self.pos))
+        with np.errstate(over="ignore"):
+            self.pos = np.cumprod(np.full(size, _P, dtype=np.uint64), dtype=np.uint64)
+            self.pos = np.concatenate([[_U64(1)], self.pos[:-1]]).astype(np.uint64)
+            self.neg = np.cumprod(np.full(size, _P_INV, dtype=np.uint64), dtype=np.uint64)
+            self.neg = np.concatenate([[_U64(1)], self.neg[:-1]]).astype(np.uint64)
+
+
+_POWERS = _Powers()
+_GRAM_MULT = fmix64(np.arange(1, 65, dtype=np.uint64) * _U64(0x9E3779B97F4A7C15)) | _U64(1)
+
+
+def _join(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """One byte array for the batch (docs separated by a newline) and each doc's [start, end)."""
+    encoded = [t.encode("utf-8") for t in texts]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    starts = np.zeros(len(encoded), dtype=np.int64)
+    np.cumsum(lengths[:-1] + 1, out=starts[1:])
+    data = np.frombuffer(b"\n".join(encoded), dtype=np.uint8)
+    return data, np.stack([starts, starts + lengths], axis=1)
+
+
+def _prefix(data: np.ndarray) -> np.ndarray:
+    _POWERS.ensure(len(data) + 1)
+    c = np.zeros(len(data) + 1, dtype=np.uint64)
+    np.cumsum(data.astype(np.uint64) * _POWERS.neg[: len(data)], out=c[1:])
+    return c
+
+
+def _range_hash(c: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    return (c[e] - c[s]) * _POWERS.pos[e - 1]
+
+
+def shingle_hashes(
+    texts: list[str],
+    ngram: int = 5,
+    unit: ShingleUnit = ShingleUnit.WORD,
+    norm: Normalization | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shingle hashes of a batch of texts, normalised on the way (`norm`, default none).
+
+    Lowercasing and NFKC run per text in C (`str.lower`, `unicodedata`); punctuation and
+    whitespace are handled on the joined bytes, so `normalize(text)` and this agree on words.
+
+    Returns:
+        (hashes, offsets): uint32 hashes of all shingles, document i's being
+        hashes[offsets[i]:offsets[i+1]]. A text shorter than one n-gram gives one shingle made
+        of all it has; an empty text gives none.
+    """
+    if not texts:
+        return np.zeros(0, np.uint32), np.zeros(1, np.int64)
+    if norm is not None and (norm.lowercase or norm.nfkc):
+        texts = [
+            normalize(t, Normalization(norm.lowercase, False, False, norm.nfkc)) for t in texts
+        ]
+    data, bounds = _join(texts)
+    if norm is not None and norm.strip_punctuation:
+        data = _byte_table(norm)[data]
+    if norm is not None and norm.collapse_whitespace and unit is ShingleUnit.CHAR:
+        data, bounds = _collapse(data, bounds)
+    c = _prefix(data)
+    with np.errstate(over="ignore"):
+        if unit is ShingleUnit.CHAR:
+            h, doc = _char_grams(c, bounds, ngram)
+        else:
+            h, doc = _word_grams(data, c, bounds, ngram)
+        h = fmix64(h)
+    counts = np.bincount(doc, minlength=len(texts))
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return (h >> _U64(32)).astype(np.uint32), offsets
+
+
+def _char_grams(c: np.ndarray, bounds: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = bounds[:, 1] - bounds[:, 0]
+    per_doc = np.where(lengths >= n, lengths - n + 1, np.minimum(lengths, 1))
+    doc = np.repeat(np.arange(len(bounds)), per_doc)
+    first = np.repeat(bounds[:, 0] - np.concatenate([[0], np.cumsum(per_doc)[:-1]]), per_doc)
+    s = first + np.arange(len(doc))
+    e = np.minimum(s + n, bounds[doc, 1])
+    return _range_hash(c, s, e), doc
+
+
+def _word_grams(
+    data: np.ndarray, c: np.ndarray, bounds: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    word = ~_WHITESPACE[data]
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], word, [False]]).astype(np.int8)))
+    ws, we = edges[0::2], edges[1::2]
+    wh = fmix64(_range_hash(c, ws, we))
+    wdoc = np.searchsorted(bounds[:, 1], ws, side="right")
+    nwords = np.bincount(wdoc, minlength=len(bounds))
+    if len(wh) >= n:
+        g = wh[: len(wh) - n + 1] * _GRAM_MULT[0]
+        for k in range(1, n):
+            g += wh[k : len(wh) - n + 1 + k] * _GRAM_MULT[k]
+        keep = wdoc[: len(wh) - n + 1] == wdoc[n - 1 :]
+        h, doc = g[keep], wdoc[: len(wh) - n + 1][keep]
+    else:
+        h, doc = np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    short = np.flatnonzero((nwords > 0) & (nwords < n))
+    if len(short):
+        h, doc = _add_short(h, doc, wh, nwords, short)
+    return h, doc
+
+
+def _add_short(
+    h: np.ndarray, doc: np.ndarray, wh: np.ndarray, nwords: np.ndarray, short: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One shingle for each document with fewer words than the n-gram; keep doc order."""
+    first = np.concatenate([[0], np.cumsum(nwords)[:-1]])
+    extra = np.array(
+        [
+            np.sum(wh[first[d] : first[d] + nwords[d]] * _GRAM_MULT[: nwords[d]], dtype=np.uint64)
+            for d in short
+        ],
+        dtype=np.uint64,
+    )
+    h, doc = np.concatenate([h, extra]), np.concatenate([doc, short])
+    order = np.argsort(doc, kind="stable")
+    return h[order], doc[order]
+
+
+@dataclass(frozen=True, slots=True)
+class MinHasher:
+    """A fixed family of `num_perm` multiply-add-shift hash functions."""
+
+    num_perm: int = 128
+    seed: int = 1
+
+    def params(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (a, b) coefficients: a odd."""
+        rng = np.random.default_rng(self.seed)
+        a = rng.integers(0, 1 << 63, size=self.num_perm, dtype=np.uint64) * _U64(2) + _U64(1)
+        b = rng.integers(0, 1 << 63, size=self.num_perm, dtype=np.uint64)
+        return a, b
+
+    def signatures(self, hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """(num_docs, num_perm) uint32 signatures; an empty document gets all 0xFFFFFFFF."""
+        a, b = self.params()
+        num_docs = len(offsets) - 1
+        out = np.full((self.num_perm, num_docs), _U64(0xFFFFFFFFFFFFFFFF), dtype=np.uint64)
+        x = hashes.astype(np.uint64)
+        nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+        with np.errstate(over="ignore"):
+            for block in _doc_blocks(offsets, nonempty):
+                s, e = offsets[block[0]], offsets[block[-1] + 1]
+                prod = np.multiply.outer(a, x[s:e])
+                prod += b[:, None]
+                out[:, block] = np.minimum.reduceat(prod, offsets[block] - s, axis=1)
+        return np.ascontiguousarray((out >> _U64(32)).astype(np.uint32).T)
+
+
+def compute_signatures(
+    texts: list[str],
+    hasher: MinHasher,
+    *,
+    ngram: int = 5,
+    unit: ShingleUnit = ShingleUnit.WORD,
+    norm: Normalization | None = None,
+) -> np.ndarray:
+    """(len(texts), num_perm) signatures, in cache-sized batches of documents."""
+    parts = [
+        hasher.signatures(*shingle_hashes(texts[i : i + _BATCH_DOCS], ngram, unit, norm))
+        for i in range(0, len(texts), _BATCH_DOCS)
+    ]
+    return np.concatenate(parts) if parts else np.zeros((0, hasher.num_perm), np.uint32)
+
+
+def _doc_blocks(offsets: np.ndarray, docs: np.ndarray) -> list[np.ndarray]:
+    """Split document indices into runs of about `_BLOCK_SHINGLES` shingles."""
+    if not len(docs):
+        return []
+    ends = offsets[docs + 1]
+    cuts = np.searchsorted(ends, np.arange(_BLOCK_SHINGLES, ends[-1], _BLOCK_SHINGLES) + 0)
+    cuts = np.unique(np.clip(cuts + 1, 1, len(docs)))
+    return [blk for blk in np.split(docs, cuts) if len(blk)]
+
+
+def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(num_docs, bands) uint64 keys: each band's `rows` values hashed together.
+
+    Raises:
+        ValueError: the signature is shorter than bands * rows.
+    """
+    num_docs, num_perm = signatures.shape
+    if bands * rows > num_perm:
+        raise ValueError(f"bands*rows = {bands}*{rows} exceeds num_perm = {num_perm}")
+    sig = signatures[:, : bands * rows].astype(np.uint64).reshape(num_docs, bands, rows)
+    with np.errstate(over="ignore"):
+        keys = np.zeros((num_docs, bands), dtype=np.uint64)
+        for r in range(rows):
+            keys = fmix64(keys ^ (sig[:, :, r] + _GRAM_MULT[r]))
+        keys ^= np.arange(bands, dtype=np.uint64) * _U64(0x9E3779B97F4A7C15)
+    return keys
+
+
+def candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """P(a pair with Jaccard `similarity` shares at least one band)."""
+    return float(1.0 - (1.0 - similarity**rows) ** bands)
+
+
+def estimated_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
+    """Fraction of equal signature entries: an unbiased Jaccard estimate."""
+    return float(np.mean(sig_a == sig_b))
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact Jaccard similarity of two shingle-hash sets."""
+    ua, ub = np.unique(a), np.unique(b)
+    if not len(ua) and not len(ub):
+        return 1.0
+    inter = len(np.intersect1d(ua, ub, assume_unique=True))
+    return inter / (len(ua) + len(ub) - inter)

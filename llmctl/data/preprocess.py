@@ -1,0 +1,365 @@
+"""`llmctl data preprocess`: documents in, Megatron `.bin/.idx` out, streaming and resumable.
+
+The input is cut into chunks (see `readers`); each worker process tokenizes whole chunks and
+writes one shard per chunk under `<prefix>.llmctl-tmp/`, marking it done with a small JSON
+file written last. The parent merges finished shards in chunk order, so the output equals a
+single sequential pass regardless of worker count, then commits it (see `manifest.commit`).
+
+Memory is bounded by the chunk size: a worker holds one batch of texts and the lengths of one
+chunk; the merge holds one shard's lengths at a time. A 10x larger input makes more chunks,
+not bigger ones.
+
+Restarting after an interruption reuses every shard already done, provided the plan (input
+checksums, tokenizer checksum, options) is unchanged; otherwise the work folder is discarded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmctl.data import indexed
+from llmctl.data.manifest import commit, manifest_path, read_json, stamp, write_json_atomic
+from llmctl.data.readers import (
+    DEFAULT_MAX_DOC_BYTES,
+    BadInputError,
+    Chunk,
+    OnError,
+    ProblemLog,
+    discover,
+    iter_documents,
+    plan_chunks,
+)
+from llmctl.data.tokenizer import Tokenizer, TokenizerSpec, resolve_tokenizer
+from llmctl.errors import UserError
+
+
+@dataclass(kw_only=True)
+class PreprocessConfig:
+    """Options of one preprocess run."""
+
+    inputs: list[str]
+    """Input files or folders: JSONL (.gz/.zst), Parquet, or text files (one document each)."""
+    output_prefix: str
+    """Output path without suffix; writes `<prefix>.bin`, `.idx` and `.manifest.json`."""
+    tokenizer: str
+    """tokenizer.json (or its folder), SentencePiece .model, or tiktoken ranks file."""
+    tokenizer_kind: str | None = None
+    """hf, sentencepiece or tiktoken; guessed from the file name when unset."""
+    eod_token: str | None = None
+    """End-of-document token; the tokenizer's EOS (or <|endoftext|>) when unset."""
+    text_field: str = "text"
+    """JSONL key or Parquet column holding the text."""
+    num_workers: int = 0
+    """Worker processes; 0 means one per CPU core."""
+    on_error: OnError = OnError.FAIL
+    """fail: stop at the first structurally bad document; skip: skip and count it."""
+    append_eod: bool = True
+    """Append the EOD token to every document (Megatron's --append-eod)."""
+    chunk_bytes: int = 32 << 20
+    """Input bytes per work unit; bounds worker memory."""
+    batch_docs: int = 512
+    """Documents tokenized per call."""
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
+    """Documents larger than this are bad input."""
+    model_vocab_size: int | None = None
+    """When set, fail if the tokenizer's vocabulary does not fit the model's."""
+    dedup: dict[str, Any] | None = None
+    """Dedup parameters to record in the manifest, when the input was deduplicated."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressUpdate:
+    """Work done since the last update (deltas), or the totals when `total_bytes` is set."""
+
+    docs: int = 0
+    tokens: int = 0
+    num_bytes: int = 0
+    total_bytes: int = 0
+
+
+@dataclass(slots=True)
+class PreprocessSummary:
+    """What a run produced."""
+
+    prefix: str
+    num_docs: int
+    num_tokens: int
+    num_bytes: int
+    dtype: str
+    elapsed_s: float
+    num_chunks: int
+    num_chunks_resumed: int
+    num_workers: int
+    problems: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form with rates."""
+        out = asdict(self)
+        t = max(self.elapsed_s, 1e-9)
+        out.update(
+            docs_per_s=self.num_docs / t,
+            tokens_per_s=self.num_tokens / t,
+            mb_per_s=self.num_bytes / t / 1e6,
+        )
+        return out
+
+
+# ---------------------------------------------------------------- worker side
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(
+    spec: TokenizerSpec, progress_q: Any, work_dir: str, cfg: PreprocessConfig
+) -> None:
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    tok = Tokenizer(spec)
+    _WORKER.update(tok=tok, q=progress_q, work_dir=Path(work_dir), cfg=cfg)
+    _WORKER["dtype"] = indexed.token_dtype(tok.vocab_size)
+
+
+def _encode_batch(texts: list[str], tok: Tokenizer, append_eod: bool, dtype: type) -> tuple:
+    ids = tok.encode_batch(texts)
+    if append_eod:
+        for doc in ids:
+            doc.append(tok.eod)
+    lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+    total = int(lengths.sum())
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total)
+    return flat, lengths
+
+
+def _run_chunk(chunk: Chunk) -> dict[str, Any]:
+    """Tokenize one chunk into `shard_<index>`; return its counts (also saved as .done)."""
+    tok, q, cfg, dtype = _WORKER["tok"], _WORKER["q"], _WORKER["cfg"], _WORKER["dtype"]
+    work_dir: Path = _WORKER["work_dir"]
+    tmp_prefix = work_dir / f"shard_{chunk.index:06d}.tmp"
+    writer = indexed.ShardWriter(tmp_prefix, dtype)
+    log = ProblemLog()
+    docs = iter_documents(
+        chunk,
+        text_field=cfg.text_field,
+        on_error=cfg.on_error,
+        log=log,
+        max_doc_bytes=cfg.max_doc_bytes,
+    )
+    counts = {"docs": 0, "tokens": 0, "bytes": 0}
+    while batch := list(itertools.islice(docs, cfg.batch_docs)):
+        flat, lengths = _encode_batch([d.text for d in batch], tok, cfg.append_eod, dtype)
+        writer.add_documents(flat, lengths)
+        nbytes = sum(d.num_bytes for d in batch)
+        counts["docs"] += len(batch)
+        counts["tokens"] += len(flat)
+        counts["bytes"] += nbytes
+        q(ProgressUpdate(len(batch), len(flat), nbytes))
+    writer.close()
+    final = work_dir / f"shard_{chunk.index:06d}"
+    os.replace(indexed.bin_path(tmp_prefix), indexed.bin_path(final))
+    os.replace(indexed.idx_path(tmp_prefix), indexed.idx_path(final))
+    result = {"index": chunk.index, **counts, "problems": log.as_dict()}
+    write_json_atomic(work_dir / f"shard_{chunk.index:06d}.done.json", result)
+    return result
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def _fingerprint(
+    cfg: PreprocessConfig, scans: list, tokenizer_id: dict[str, Any], chunks: list[Chunk]
+) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {"path": str(s.path), "num_bytes": s.num_bytes, "sha256": s.sha256} for s in scans
+        ],
+        "tokenizer": tokenizer_id,
+        "text_field": cfg.text_field,
+        "append_eod": cfg.append_eod,
+        "on_error": str(cfg.on_error),
+        "max_doc_bytes": cfg.max_doc_bytes,
+        "chunks": [[c.paths[0], c.start, c.end] for c in chunks],
+    }
+
+
+def _prepare_work_dir(work_dir: Path, plan: dict[str, Any]) -> set[int]:
+    """Keep a previous run's finished shards if its plan matches; return their indices."""
+    if read_json(work_dir / "plan.json") != plan and work_dir.exists():
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(work_dir / "plan.json", plan)
+    done = set()
+    for marker in work_dir.glob("shard_*.done.json"):
+        index = int(marker.name.split("_")[1].split(".")[0])
+        if indexed.idx_path(work_dir / f"shard_{index:06d}").exists():
+            done.add(index)
+    return done
+
+
+def _check_vocab(cfg: PreprocessConfig, tok: Tokenizer) -> None:
+    if tok.eod >= tok.vocab_size:
+        raise UserError(f"tokenizer EOD id {tok.eod} is outside its vocabulary ({tok.vocab_size})")
+    if cfg.model_vocab_size is not None and tok.vocab_size > cfg.model_vocab_size:
+        raise UserError(
+            f"tokenizer {tok.spec.path} has {tok.vocab_size} tokens but the model's vocabulary "
+            f"is {cfg.model_vocab_size}"
+        )
+
+
+def _run_chunks(
+    cfg: PreprocessConfig,
+    spec: TokenizerSpec,
+    todo: list[Chunk],
+    work_dir: Path,
+    num_workers: int,
+    report: Callable[[ProgressUpdate], None],
+) -> list[dict[str, Any]]:
+    if num_workers <= 1 or len(todo) <= 1:
+        _init_worker(spec, report, str(work_dir), cfg)
+        return [_run_chunk(c) for c in todo]
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    q = ctx.Queue()
+    results: list[dict[str, Any]] = []
+    with ctx.Pool(
+        min(num_workers, len(todo)), _init_worker, (spec, q.put, str(work_dir), cfg)
+    ) as pool:
+        pending = [pool.apply_async(_run_chunk, (c,)) for c in todo]
+        while pending:
+            _drain(q, report, timeout=0.2)
+            for r in [p for p in pending if p.ready()]:
+                results.append(r.get())
+                pending.remove(r)
+        _drain(q, report, timeout=0.0)
+    return results
+
+
+def _drain(q: Any, report: Callable[[ProgressUpdate], None], timeout: float) -> None:
+    try:
+        report(q.get(timeout=timeout) if timeout else q.get_nowait())
+        while True:
+            report(q.get_nowait())
+    except queue.Empty:
+        pass
+
+
+def preprocess(
+    cfg: PreprocessConfig, on_progress: Callable[[ProgressUpdate], None] | None = None
+) -> PreprocessSummary:
+    """Tokenize `cfg.inputs` into `<cfg.output_prefix>.bin/.idx` with a manifest.
+
+    Args:
+        cfg: the run's options.
+        on_progress: called with the totals first, then with deltas as work is done.
+
+    Raises:
+        UserError: bad input under on_error=fail, missing files, a mismatched tokenizer.
+    """
+    started = time.perf_counter()
+    report = on_progress or (lambda _u: None)
+    spec = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_kind)
+    if cfg.eod_token:
+        spec = TokenizerSpec(spec.path, spec.kind, cfg.eod_token)
+    tok = Tokenizer(spec)
+    _check_vocab(cfg, tok)
+    chunks, scans = plan_chunks(discover(list(cfg.inputs)), cfg.chunk_bytes)
+    tokenizer_id = {**spec.identity(), "vocab_size": tok.vocab_size, "eod": tok.eod}
+    plan = _fingerprint(cfg, scans, tokenizer_id, chunks)
+    prefix = Path(cfg.output_prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    work_dir = prefix.with_name(prefix.name + ".llmctl-tmp")
+    done = _prepare_work_dir(work_dir, plan)
+    report(ProgressUpdate(total_bytes=sum(c.num_bytes for c in chunks)))
+    report(ProgressUpdate(num_bytes=sum(c.num_bytes for c in chunks if c.index in done)))
+    num_workers = cfg.num_workers or os.cpu_count() or 1
+    todo = [c for c in chunks if c.index not in done]
+    try:
+        _run_chunks(cfg, spec, todo, work_dir, num_workers, report)
+    except BadInputError as e:
+        raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
+    results = [read_json(work_dir / f"shard_{c.index:06d}.done.json") or {} for c in chunks]
+    summary = _summarize(cfg, results, tok, started, len(chunks), len(done), num_workers)
+    if summary.num_docs == 0:
+        raise UserError(f"no documents in {', '.join(cfg.inputs)} (problems: {summary.problems})")
+    _commit(cfg, prefix, work_dir, chunks, plan, summary)
+    summary.elapsed_s = time.perf_counter() - started
+    return summary
+
+
+def _summarize(
+    cfg: PreprocessConfig,
+    results: list[dict[str, Any]],
+    tok: Tokenizer,
+    started: float,
+    num_chunks: int,
+    num_resumed: int,
+    num_workers: int,
+) -> PreprocessSummary:
+    log = ProblemLog()
+    for r in results:
+        part = ProblemLog()
+        part.counts.update(r["problems"]["counts"])
+        part.examples.extend(r["problems"]["examples"])
+        log.merge(part)
+    return PreprocessSummary(
+        prefix=cfg.output_prefix,
+        num_docs=sum(r["docs"] for r in results),
+        num_tokens=sum(r["tokens"] for r in results),
+        num_bytes=sum(r["bytes"] for r in results),
+        dtype=np.dtype(indexed.token_dtype(tok.vocab_size)).name,
+        elapsed_s=time.perf_counter() - started,
+        num_chunks=num_chunks,
+        num_chunks_resumed=num_resumed,
+        num_workers=num_workers,
+        problems=log.as_dict(),
+    )
+
+
+def _commit(
+    cfg: PreprocessConfig,
+    prefix: Path,
+    work_dir: Path,
+    chunks: list[Chunk],
+    plan: dict[str, Any],
+    summary: PreprocessSummary,
+) -> None:
+    shards = [work_dir / f"shard_{c.index:06d}" for c in chunks]
+    merged = work_dir / "merged"
+    if len(shards) == 1:
+        merged = shards[0]
+    else:
+        indexed.merge_shards(shards, merged, indexed.token_dtype(plan["tokenizer"]["vocab_size"]))
+    manifest = {
+        **stamp(),
+        "kind": "megatron-indexed-dataset",
+        "prefix": prefix.name,
+        "dtype": summary.dtype,
+        "inputs": plan["inputs"],
+        "tokenizer": plan["tokenizer"],
+        "text_field": cfg.text_field,
+        "append_eod": cfg.append_eod,
+        "counts": {
+            "documents": summary.num_docs,
+            "tokens": summary.num_tokens,
+            "input_bytes": summary.num_bytes,
+            "skipped": summary.problems["counts"],
+        },
+        "problem_examples": summary.problems["examples"],
+        "dedup": cfg.dedup,
+    }
+    write_json_atomic(work_dir / "manifest.json", manifest)
+    moves = [
+        (indexed.bin_path(merged), indexed.bin_path(prefix)),
+        (indexed.idx_path(merged), indexed.idx_path(prefix)),
+    ]
+    commit(moves, work_dir / "manifest.json", manifest_path(prefix))
+    shutil.rmtree(work_dir)

@@ -1,0 +1,197 @@
+"""`llmctl train`: compose, check the plan, resolve the layout, render; then execute.
+
+`prepare_train` is pure apart from reading files (recipes, hostfile): it composes the config,
+asks the planner whether the layout fits (refusing a predicted misfit with the numbers unless
+forced), resolves the layout and renders the launcher's commands. `--dry-run` prints that and
+stops. `execute_train` checks the launcher's requirements (sbatch on PATH, hosts reachable),
+runs the training preflight (data, precision), creates the run directory and starts the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import UserError
+from llmctl.launch.hostfile import read_hostfile
+
+LAUNCH_FILE = "launch.json"
+
+
+@dataclass(kw_only=True)
+class TrainLaunch:
+    """Everything `llmctl train` decided before running anything."""
+
+    cfg: Any
+    kind: str
+    run_dir: Path
+    layout: Any
+    plan: dict[str, Any]
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    nodes: list[Any] = field(default_factory=list)
+    sbatch: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready summary: what would run (the --dry-run/--json view)."""
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "run_dir": str(self.run_dir),
+            "layout": self.layout.as_dict(),
+            "world_size": self.layout.world_size,
+            "plan": self.plan,
+        }
+        if self.kind == "local":
+            out["command"] = self.argv
+            out["env"] = self.env
+        elif self.kind == "torchrun":
+            out["nodes"] = [
+                {"host": n.host, "node_rank": n.node_rank, "command": list(n.argv),
+                 "env": n.env, "secrets": list(n.secrets), "ssh": list(n.ssh_argv)}
+                for n in self.nodes
+            ]  # fmt: skip
+        else:
+            out["sbatch"] = self.sbatch
+        return out
+
+
+def prepare_train(
+    recipe: str, overrides: list[str], *, cluster_file: str | None = None, force: bool = False
+) -> TrainLaunch:
+    """Compose, plan-check, resolve the layout and render the launch (starts nothing).
+
+    Raises:
+        UserError: Bad config, a layout predicted not to fit (unless forced), a layout the
+            world size cannot hold, a malformed hostfile or launcher value.
+    """
+    from llmctl.config import compose
+    from llmctl.train.layout import resolve_layout
+    from llmctl.train.rundir import default_run_dir
+
+    cfg = compose(recipe, overrides, cluster_file=cluster_file)
+    cfg.train.force = bool(force or cfg.train.force)
+    plan = plan_check(cfg, force=cfg.train.force)
+    layout = resolve_layout(cfg, None, plan.get("layout"))
+    run_dir = Path(cfg.train.run_dir or default_run_dir(cfg.recipe)).resolve()
+    cfg.train.run_dir = str(run_dir)
+    launch = TrainLaunch(cfg=cfg, kind=str(cfg.launcher.kind), run_dir=run_dir, layout=layout,
+                         plan=plan)  # fmt: skip
+    _render(launch)
+    return launch
+
+
+def _render(launch: TrainLaunch) -> None:
+    cfg, run_dir, layout = launch.cfg, launch.run_dir, launch.layout
+    if launch.kind == "local":
+        from llmctl.launch.local import render_local, render_local_env
+
+        launch.argv = render_local(cfg, run_dir, layout)
+        launch.env = render_local_env(cfg, layout)
+    elif launch.kind == "torchrun":
+        from llmctl.launch.torchrun import render_torchrun_nodes
+
+        if not cfg.launcher.hostfile:
+            raise UserError("launcher=torchrun needs launcher.hostfile=PATH (one host per line)")
+        hosts = read_hostfile(cfg.launcher.hostfile)
+        launch.nodes = render_torchrun_nodes(cfg, run_dir, hosts, layout)
+    elif launch.kind == "slurm":
+        from llmctl.launch.slurm import render_sbatch
+
+        launch.sbatch = render_sbatch(cfg, run_dir, layout)
+    else:  # the schema's enum makes this unreachable from a composed config
+        raise UserError(f"unknown launcher.kind {launch.kind!r}: use local, torchrun or slurm")
+
+
+def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
+    """Ask the planner about the configured layout; refuse a predicted misfit unless forced.
+
+    Returns:
+        The plan dict recorded in plan.json ({} when the planner has no verdict).
+
+    Raises:
+        UserError: The layout is predicted not to fit and `force` is False; the message carries
+            the predicted peak and usable memory.
+    """
+    try:
+        from llmctl.config import planning  # type: ignore[attr-defined]
+    except ImportError:
+        # SEAM(H1): llmctl.config.planning not landed yet; launch without a plan verdict.
+        return {}
+    check = getattr(planning, "launch_plan", None)
+    if check is None:
+        return {}
+    result: dict[str, Any] = check(cfg)
+    if not result.get("fits", True) and not force:
+        raise UserError(str(result.get("message") or "the plan predicts this layout does not fit"))
+    return result
+
+
+def check_launcher(launch: TrainLaunch) -> None:
+    """Launcher requirements, checked before the run directory or any process exists.
+
+    Raises:
+        UserError: sbatch missing, an unreachable or misconfigured host, an unset secret.
+    """
+    if launch.kind == "slurm":
+        from llmctl.launch.slurm import check_slurm
+
+        check_slurm(launch.cfg)
+    elif launch.kind == "torchrun":
+        from llmctl.launch.torchrun import check_hosts, secret_values
+
+        secret_values(tuple(launch.cfg.launcher.secrets))
+        check_hosts(launch.cfg, launch.nodes)
+
+
+def execute_train(launch: TrainLaunch) -> dict[str, Any]:
+    """Check requirements, create the run directory, and run (local, ssh) or submit (SLURM).
+
+    Returns:
+        {"kind", "run_dir", and "exit_code" (local/torchrun) or "job_id" (slurm)}.
+    """
+    from llmctl.train.preflight import preflight
+    from llmctl.train.rundir import create_run_dir
+
+    check_launcher(launch)
+    preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"))
+    create_run_dir(launch.cfg, launch.plan)
+    record = {"kind": launch.kind, "run_dir": str(launch.run_dir), "started": time.time(),
+              "pid": os.getpid(),
+              **{k: v for k, v in launch.describe().items() if k in ("command", "nodes")}}  # fmt: skip
+    result: dict[str, Any] = {"kind": launch.kind, "run_dir": str(launch.run_dir)}
+    if launch.kind == "slurm":
+        from llmctl.launch.slurm import execute_slurm
+
+        result["job_id"] = record["job_id"] = execute_slurm(launch.sbatch, launch.run_dir)
+        _write_launch(launch.run_dir, record)
+        return result
+    _write_launch(launch.run_dir, record)
+    if launch.kind == "local":
+        from llmctl.launch.local import execute_local
+
+        rc = execute_local(launch.argv, launch.env, launch.run_dir / "logs" / "launcher.log")
+    else:
+        from llmctl.launch.torchrun import execute_torchrun
+
+        rc = execute_torchrun(launch.nodes, launch.run_dir / "logs")
+    record.update(exit_code=rc, finished=time.time())
+    _write_launch(launch.run_dir, record)
+    result["exit_code"] = rc
+    return result
+
+
+def _write_launch(run_dir: Path, record: dict[str, Any]) -> None:
+    (run_dir / LAUNCH_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read_launch(run_dir: str | Path) -> dict[str, Any]:
+    """The launch record of a run directory ({} when there is none)."""
+    path = Path(run_dir) / LAUNCH_FILE
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text() or "{}")
+    return data if isinstance(data, dict) else {}

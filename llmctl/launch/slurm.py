@@ -1,0 +1,239 @@
+"""`launcher=slurm`: an sbatch script that runs one torchrun per node under srun.
+
+The script (pure rendering, pinned by golden files) asks for the nodes, one task per node with
+its CPUs (and GPUs on GPU clusters), takes the rendezvous host from the allocation
+(`scontrol show hostnames`), refuses a rendezvous host that resolves to loopback in multi-node
+jobs, and handles preemption: `--signal=B:USR1@<lead>` reaches the batch shell, which asks the
+ranks to checkpoint and exit (SIGTERM through srun and torchrun) and then requeues the job;
+`--open-mode=append` keeps the log across restarts.
+
+Every user value in the script is shell-quoted; secrets appear by name only (`--export=ALL,NAME`
+takes their values from the submitting environment at submit time).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from llmctl import __version__
+from llmctl.errors import UserError
+from llmctl.launch.common import (
+    entry_args,
+    launch_env,
+    launch_shape,
+    layout_of,
+    python_of,
+    run_name,
+    torchrun_prefix,
+)
+
+SCRIPT_NAME = "launch.sbatch"
+JOB_ID_FILE = "slurm_job_id"
+_TIME_RE = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^(?:UNLIMITED|INFINITE|infinite)$")
+_SIGNAL_RE = re.compile(r"^(?:B:)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?$")
+
+
+def output_pattern(run_dir: str | Path) -> str:
+    """Where SLURM writes the job's output (%j = job id; kept across requeues)."""
+    return f"{run_dir}/slurm-%j.out"
+
+
+def _value(name: str, value: Any) -> str:
+    """A user value for an #SBATCH line, shell-quoted; sbatch honours single quotes."""
+    text = str(value)
+    if "\n" in text or "'" in text or not text:
+        raise UserError(f"launcher.{name}={text!r}: empty, or contains a newline or a quote")
+    return shlex.quote(text)
+
+
+def _signal(spec: str) -> str:
+    match = _SIGNAL_RE.match(spec.strip())
+    if not match:
+        raise UserError(
+            f"launcher.slurm_signal={spec!r} is not SIGNAL@SECONDS (e.g. USR1@90)"
+        )
+    if match.group(1) in ("TERM", "KILL", "STOP"):
+        raise UserError(
+            f"launcher.slurm_signal={spec!r}: use USR1 or USR2 (TERM and KILL are SLURM's own)"
+        )
+    return f"B:{match.group(1)}@{match.group(2) or 90}"
+
+
+def _directives(cfg: Any, run_dir: str | Path, nproc: int) -> list[str]:
+    lc = cfg.launcher
+    if not _TIME_RE.match(str(lc.slurm_time)):
+        raise UserError(f"launcher.slurm_time={lc.slurm_time!r} is not [D-]HH:MM:SS or MM")
+    cpus = cfg.cluster.cpu_cores if cfg.cluster.cpu_cores else nproc
+    lines = [
+        f"--job-name={_value('slurm_job_name', lc.slurm_job_name or run_name(run_dir))}",
+        f"--nodes={cfg.cluster.num_nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={cpus}",
+    ]
+    if cfg.cluster.device == "cuda":
+        lines.append(f"--gpus-per-node={nproc}")
+    lines.append(f"--time={_value('slurm_time', lc.slurm_time)}")
+    if lc.slurm_partition:
+        lines.append(f"--partition={_value('slurm_partition', lc.slurm_partition)}")
+    if lc.slurm_account:
+        lines.append(f"--account={_value('slurm_account', lc.slurm_account)}")
+    lines += [
+        f"--output={_value('run_dir', output_pattern(run_dir))}",
+        "--open-mode=append",
+        f"--signal={_signal(lc.slurm_signal)}",
+        "--requeue" if lc.slurm_requeue else "--no-requeue",
+        "--export=" + ",".join(["ALL", *lc.secrets]),
+    ]
+    for extra in lc.slurm_extra:
+        if "\n" in str(extra) or not str(extra).startswith("-"):
+            raise UserError(f"launcher.slurm_extra entry {extra!r} must be one --option")
+        lines.append(str(extra))
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> str:
+    """The sbatch script of a run (pure).
+
+    Args:
+        cfg: The resolved RootConfig (`cluster.num_nodes` nodes).
+        run_dir: The run directory (on a filesystem every node sees).
+        layout: The resolved TrainLayout; None = the one the config alone implies.
+
+    Raises:
+        UserError: A world size the layout cannot hold, or a malformed launcher value.
+    """
+    shape = launch_shape(cfg, layout_of(cfg, layout), cfg.cluster.num_nodes)
+    env = launch_env(cfg, shape)
+    q = shlex.quote
+    cpus = cfg.cluster.cpu_cores if cfg.cluster.cpu_cores else shape.nproc_per_node
+    torchrun = [
+        *torchrun_prefix(python_of(cfg)),
+        '--nnodes="$SLURM_NNODES"',
+        f"--nproc-per-node={shape.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        '--rdzv-endpoint="$head_node:$rdzv_port"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+        f"--max-restarts={int(cfg.launcher.max_restarts)}",
+        *entry_args(run_dir),
+    ]
+    # The three $-arguments above are ours and must expand; everything else is quoted.
+    quoted = [a if a.startswith("--") and '"$' in a else q(a) for a in torchrun]
+    cmd = " ".join(quoted[:3]) + "".join(f" \\\n    {a}" for a in quoted[3:-3])
+    cmd += " \\\n    " + " ".join(quoted[-3:])
+    secrets = " ".join(q(s) for s in cfg.launcher.secrets)
+    lines = [
+        "#!/bin/bash",
+        f"# Rendered by llmctl {__version__} for run {q(str(run_dir))}.",
+        f"# Submit: sbatch --parsable {q(str(Path(run_dir) / SCRIPT_NAME))}",
+        *_directives(cfg, run_dir, shape.nproc_per_node),
+        "",
+        "set -uo pipefail",
+        f"cd {q(str(run_dir))} || exit 2",
+        *(f"export {k}={q(v)}" for k, v in env.items()),
+    ]
+    if secrets:
+        lines += [
+            "# Secrets come by name from the submitting environment (--export), never written here.",
+            f"for name in {secrets}; do",
+            '  [[ -n "${!name:-}" ]] || echo "llmctl: warning: secret $name is not set" >&2',
+            "done",
+        ]
+    lines += _BODY.format(
+        port=int(cfg.launcher.rdzv_port),
+        cpus=cpus,
+        cmd=cmd,
+        sig=_signal(cfg.launcher.slurm_signal)[2:].split("@")[0],
+        requeue_note=", then requeue" if cfg.launcher.slurm_requeue else "",
+        requeue_block=_REQUEUE if cfg.launcher.slurm_requeue else "",
+    ).splitlines()
+    return "\n".join(lines) + "\n"
+
+
+_BODY = """
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+if (( SLURM_NNODES > 1 )); then
+  head_addr=$(getent ahostsv4 "$head_node" | awk 'NR==1{{print $1}}')
+  case "$head_addr" in
+    ''|127.*)
+      echo "llmctl: rendezvous host $head_node resolves to '$head_addr' (loopback or nothing)" \\
+        "on $(hostname): other nodes cannot reach it; map it to its network address in /etc/hosts" >&2
+      exit 2 ;;
+  esac
+fi
+rdzv_port=$(( {port} + SLURM_JOB_ID % 1000 ))  # distinct per job on shared nodes
+echo "llmctl: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST," \\
+  "rendezvous $head_node:$rdzv_port"
+
+# Time limit / preemption notice: SLURM sends --signal to this shell; ask the ranks to
+# checkpoint and exit (SIGTERM via srun -> torchrun -> workers){requeue_note}. A plain SIGTERM
+# (scancel, scheduler preemption) is forwarded the same way but never requeues from here.
+preempted=0
+srun_pid=
+llmctl_stop() {{
+  [[ $1 == {sig} ]] && preempted=1
+  echo "llmctl: caught SIG$1: asking the ranks to checkpoint and exit" >&2
+  [[ -n "$srun_pid" ]] && kill -TERM "$srun_pid" 2>/dev/null
+}}
+trap 'llmctl_stop {sig}' {sig}
+trap 'llmctl_stop TERM' TERM
+
+srun --kill-on-bad-exit=1 --nodes="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task={cpus} \\
+  {cmd} &
+srun_pid=$!
+while :; do
+  wait "$srun_pid"
+  rc=$?
+  kill -0 "$srun_pid" 2>/dev/null || break
+done
+{requeue_block}exit "$rc"
+"""
+
+_REQUEUE = """if (( preempted )); then
+  echo "llmctl: requeueing job $SLURM_JOB_ID" >&2
+  scontrol requeue "$SLURM_JOB_ID"
+fi
+"""
+
+
+def check_slurm(cfg: Any) -> None:
+    """Requirements of `launcher=slurm`, checked before anything is written or started.
+
+    Raises:
+        UserError: sbatch not on PATH, or a secret not set in this environment.
+    """
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            "sbatch not found on PATH: launcher=slurm needs the SLURM client tools (submit from "
+            "a login node; for a local test cluster run scripts/slurm_local.sh up)"
+        )
+    for name in cfg.launcher.secrets:
+        if name not in os.environ:
+            raise UserError(f"secret {name} (launcher.secrets) is not set in this environment")
+
+
+def execute_slurm(script: str, run_dir: str | Path) -> str:
+    """Write the script into the run directory and submit it with `sbatch --parsable`.
+
+    Returns:
+        The job id (also written to RUN_DIR/slurm_job_id).
+
+    Raises:
+        UserError: sbatch refused the job (its message is included).
+    """
+    path = Path(run_dir) / SCRIPT_NAME
+    path.write_text(script)
+    proc = subprocess.run(
+        ["sbatch", "--parsable", str(path)], cwd=run_dir, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise UserError(f"sbatch refused {path}: {msg}")
+    job_id = proc.stdout.strip().split(";", 1)[0]
+    (Path(run_dir) / JOB_ID_FILE).write_text(job_id + "\n")
+    return job_id

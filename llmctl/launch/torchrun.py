@@ -1,0 +1,301 @@
+"""`launcher=torchrun`: bare-metal multi-node. One torchrun per host of a hostfile, over ssh.
+
+Rendering (pure) gives, per node, the torchrun argv, the remote shell command and the local ssh
+argv. The first host is node 0: it hosts the c10d rendezvous store (`is_host=1`); every agent
+advertises its hostfile name (`--local-addr`), so MASTER_ADDR is a name all nodes resolve.
+
+Environment variables do not cross ssh, so they are written inline in the remote command;
+secrets are not: the remote command reads their values from ssh's standard input, so only
+their names appear in the rendering, in `ps` and in logs.
+
+Before any process starts, `check_hosts` probes every host once over ssh (BatchMode): reachable,
+the interpreter exists, the rendezvous host resolves, and neither it nor the host's own name
+resolves to a loopback address in a multi-node run (the classic `127.0.1.1 hostname` trap).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from llmctl.errors import UserError
+from llmctl.launch.common import (
+    entry_args,
+    launch_env,
+    launch_shape,
+    layout_of,
+    python_of,
+    run_name,
+    torchrun_prefix,
+)
+from llmctl.launch.hostfile import Host
+
+PROBE_TIMEOUT_S = 30.0
+FAILURE_GRACE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeCommand:
+    """What runs on one node and how it gets there."""
+
+    host: str
+    node_rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()
+    remote_command: str = ""
+    ssh_argv: tuple[str, ...] = ()
+
+
+def ssh_base(cfg: Any) -> list[str]:
+    """`ssh` with non-interactive options and the user's launcher.ssh_options (pure)."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    argv += [str(o) for o in cfg.launcher.ssh_options]
+    if cfg.launcher.ssh_user:
+        argv += ["-l", str(cfg.launcher.ssh_user)]
+    return argv
+
+
+def render_torchrun_nodes(
+    cfg: Any, run_dir: str | Path, hosts: tuple[Host, ...], layout: Any | None = None
+) -> list[NodeCommand]:
+    """Per-node torchrun commands and their ssh wrapping (pure).
+
+    Args:
+        cfg: The resolved RootConfig; `cluster.num_nodes` hosts are used.
+        run_dir: The run directory; it must be on a filesystem every node sees at this path.
+        hosts: The parsed hostfile; the first `cluster.num_nodes` entries are used.
+        layout: The resolved TrainLayout; None = the one the config alone implies.
+
+    Raises:
+        UserError: Too few hosts, slots too small, or a world size the layout cannot hold.
+    """
+    num_nodes = cfg.cluster.num_nodes
+    if len(hosts) < num_nodes:
+        raise UserError(
+            f"cluster.num_nodes={num_nodes} but the hostfile lists {len(hosts)} host(s); "
+            f"add hosts to {cfg.launcher.hostfile} or pass --nodes {len(hosts)}"
+        )
+    shape = launch_shape(cfg, layout_of(cfg, layout), num_nodes)
+    used = hosts[:num_nodes]
+    for host in used:
+        if host.slots is not None and host.slots < shape.nproc_per_node:
+            raise UserError(
+                f"host {host.name} has slots={host.slots} but each node runs "
+                f"{shape.nproc_per_node} ranks; fix the hostfile or the layout"
+            )
+    env = launch_env(cfg, shape)
+    secrets = tuple(str(s) for s in cfg.launcher.secrets)
+    endpoint = f"{used[0].name}:{cfg.launcher.rdzv_port}"
+    nodes = []
+    for rank, host in enumerate(used):
+        argv = (
+            *torchrun_prefix(python_of(cfg)),
+            f"--nnodes={num_nodes}",
+            f"--nproc-per-node={shape.nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={run_name(run_dir)}",
+            f"--rdzv-conf=is_host={1 if rank == 0 else 0}",
+            f"--local-addr={host.name}",
+            f"--max-restarts={cfg.launcher.max_restarts}",
+            *entry_args(run_dir),
+        )
+        node_env = {**env, "LLMCTL_NODE_RANK": str(rank)}
+        remote = remote_command(run_dir, argv, node_env, secrets)
+        ssh_argv = (*ssh_base(cfg), host.name, remote)
+        nodes.append(
+            NodeCommand(
+                host=host.name, node_rank=rank, argv=argv, env=node_env, secrets=secrets,
+                remote_command=remote, ssh_argv=ssh_argv,
+            )  # fmt: skip
+        )
+    return nodes
+
+
+def remote_command(
+    cwd: str | Path, argv: tuple[str, ...], env: dict[str, str], secrets: tuple[str, ...]
+) -> str:
+    """The shell command a node runs: cd, read secrets from stdin, exec env ... torchrun."""
+    parts = [f"cd {shlex.quote(str(cwd))}"]
+    if secrets:
+        reads = " && ".join(f"IFS= read -r {name}" for name in secrets)
+        parts.append(f"{{ {reads}; }} && export {' '.join(secrets)}")
+    pairs = [f"{k}={v}" for k, v in env.items()]
+    parts.append("exec " + shlex.join(["env", *pairs, *argv]))
+    return " && ".join(parts)
+
+
+def probe_command(rdzv_host: str, python: str) -> str:
+    """Shell text that reports what `check_probe` needs, one `key=value` per line."""
+    q = shlex.quote
+    return (
+        'printf "host=%s\\n" "$(hostname)"; '
+        f'printf "rdzv=%s\\n" "$(getent ahostsv4 {q(rdzv_host)} | awk \'NR==1{{print $1}}\')"; '
+        'printf "self=%s\\n" "$(getent ahostsv4 "$(hostname)" | awk \'NR==1{print $1}\')"; '
+        f"if [ -x {q(python)} ]; then echo python=ok; else echo python=missing; fi"
+    )
+
+
+def check_probe(host: str, rdzv_host: str, output: str, python: str, multi_node: bool,
+                env: dict[str, str]) -> None:  # fmt: skip
+    """Judge one host's probe output (pure).
+
+    Raises:
+        UserError: Missing interpreter, an unresolvable rendezvous host, or (multi-node only) a
+            rendezvous host or own hostname that resolves to loopback.
+    """
+    facts = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+    if facts.get("python") != "ok":
+        raise UserError(
+            f"{python} not found on host {host}; set launcher.python to the interpreter path "
+            "on the nodes (same venv on every node)"
+        )
+    rdzv = facts.get("rdzv", "")
+    if not rdzv:
+        raise UserError(
+            f"rendezvous host {rdzv_host} does not resolve on {host}; add it to {host}'s "
+            "/etc/hosts or list hosts by IP address in the hostfile"
+        )
+    if not multi_node:
+        return
+    if rdzv.startswith("127."):
+        raise UserError(
+            f"rendezvous host {rdzv_host} resolves to {rdzv} (loopback) on {host}, so the "
+            f"other nodes cannot meet there; map {rdzv_host} to its network address in "
+            "/etc/hosts (not 127.0.1.1) or list hosts by IP address in the hostfile"
+        )
+    own, self_addr = facts.get("host", "?"), facts.get("self", "")
+    if self_addr.startswith("127.") and "GLOO_SOCKET_IFNAME" not in env:
+        raise UserError(
+            f"host {host} calls itself {own!r}, which resolves to {self_addr} (loopback): gloo "
+            "would bind loopback and peers could not connect; map the hostname to its network "
+            "address in /etc/hosts or set launcher.env.GLOO_SOCKET_IFNAME (and "
+            "NCCL_SOCKET_IFNAME) to the cluster interface"
+        )
+
+
+def _spawn(argv: list[str] | tuple[str, ...], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """The one place this backend starts a process (ssh)."""
+    return subprocess.Popen(list(argv), **kwargs)
+
+
+def _probe_one(cfg: Any, host: str, rdzv_host: str, python: str) -> tuple[str, int, str, str]:
+    proc = _spawn([*ssh_base(cfg), host, probe_command(rdzv_host, python)],
+                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return host, 255, "", f"no answer within {PROBE_TIMEOUT_S:.0f} s"
+    return host, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def check_hosts(cfg: Any, nodes: list[NodeCommand]) -> None:
+    """Probe every node once over ssh, in parallel, before anything is launched.
+
+    Raises:
+        UserError: An unreachable host (naming it and the ssh error) or a probe finding.
+    """
+    rdzv_host = nodes[0].host
+    python = python_of(cfg)
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        results = list(pool.map(lambda n: _probe_one(cfg, n.host, rdzv_host, python), nodes))
+    for host, rc, out, err in results:
+        if rc != 0:
+            last = (err.strip().splitlines() or [f"exit code {rc}"])[-1]
+            raise UserError(
+                f"host {host} unreachable over ssh ({last}); check the hostfile and "
+                "launcher.ssh_options (key-based login: ssh runs with BatchMode=yes)"
+            )
+        check_probe(host, rdzv_host, out, python, len(nodes) > 1, nodes[0].env)
+
+
+def secret_values(names: tuple[str, ...]) -> dict[str, str]:
+    """Values of the named secrets from this environment.
+
+    Raises:
+        UserError: A secret that is unset or spans lines.
+    """
+    values = {}
+    for name in names:
+        value = os.environ.get(name)
+        if value is None:
+            raise UserError(f"secret {name} (launcher.secrets) is not set in this environment")
+        if "\n" in value:
+            raise UserError(f"secret {name} contains a newline; it cannot be passed over ssh")
+        values[name] = value
+    return values
+
+
+def _copy(src: IO[bytes], log_path: Path, echo: bool) -> None:
+    with open(log_path, "ab") as log:
+        for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
+            log.write(chunk)
+            log.flush()
+            if echo:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+
+
+def execute_torchrun(nodes: list[NodeCommand], log_dir: str | Path) -> int:
+    """Start every node's torchrun over ssh and wait for all of them.
+
+    Node 0's output is echoed here; each node's output goes to `log_dir/node<R>.log`. When a
+    node fails, the others get FAILURE_GRACE_S to finish, then their ssh clients are closed
+    (the remote agents end on the broken pipe).
+
+    Returns:
+        0 when every node succeeded, else the first non-zero exit code.
+    """
+    secrets = secret_values(nodes[0].secrets)
+    payload = "".join(f"{secrets[n]}\n" for n in nodes[0].secrets).encode()
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    procs, copiers = [], []
+    for node in nodes:
+        proc = _spawn(node.ssh_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT)  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(payload)
+        proc.stdin.close()
+        log = Path(log_dir) / f"node{node.node_rank}.log"
+        t = threading.Thread(target=_copy, args=(proc.stdout, log, node.node_rank == 0))
+        t.start()
+        procs.append(proc)
+        copiers.append(t)
+    try:
+        rc = _wait_all(procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for t in copiers:
+            t.join(timeout=5)
+    return rc
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]]) -> int:
+    failed_at: float | None = None
+    first_rc = 0
+    while any(p.poll() is None for p in procs):
+        for p in procs:
+            rc = p.poll()
+            if rc not in (None, 0) and failed_at is None:
+                failed_at, first_rc = time.monotonic(), rc
+        if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
+            break
+        time.sleep(0.2)
+    for p in procs:
+        rc = p.poll()
+        if rc not in (None, 0) and first_rc == 0:
+            first_rc = rc
+    return first_rc if all(p.poll() is not None for p in procs) else (first_rc or 1)

@@ -1,0 +1,215 @@
+"""Memory per GPU of the worst pipeline stage.
+
+Why these terms (bytes per parameter, Megatron mixed precision with bf16/fp16 parameters):
+weights 2, gradients 4 (Megatron accumulates and reduces gradients in fp32 when training in
+bf16), optimizer 12 (fp32 master copy, Adam m and v). fp32 parameters: 4 + 4 + 8. The
+distributed optimizer shards the optimizer term over the data-parallel-with-context-parallel
+group (dp*cp ranks; dp*cp/ep for expert weights); full sharding (ZeRO-3, Megatron FSDP) also
+shards weights and gradients and keeps two layers gathered at a time.
+
+Activations per layer per micro-batch follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec.
+4), generalised to GQA, gated MLPs and models without dropout. With s = seq/cp, b = micro-
+batch, h = hidden, t = TP, q = heads*head_dim, g*d the key/value width, f the MLP width:
+
+    replicated (split by t only with sequence parallelism)
+        norm inputs 4sbh + QKV input 2sbh + fc1 input 2sbh (+ dropout masks 2sbh)
+    split by t
+        Q, K, V, projection input 4sb(q + g*d); MLP 2sbf + (4 if gated else 2)sbf
+    core attention (split by t)
+        unfused: (5 with dropout, else 2) * a*b*s*s_full;  flash: 4*a*b*s (softmax stats)
+
+For the GPT shape of the paper (q = h, g*d = h, f = 4h, dropout) this is exactly
+sbh(10 + 24/t + 5as/(ht)), and sbh/t * (34 + 5as/h) with sequence parallelism. Selective
+recompute drops the core-attention term; full recompute keeps only each layer's input 2sbh.
+In-flight micro-batches: 1F1B holds min(pp - r, m) micro-batches on stage r; interleaving
+holds (2(pp-r-1) + (v-1)pp + 1) chunk micro-batches, which is pp(1 + (pp-1)/(pp*v)) stage
+micro-batches on the first stage (Korthikanti et al. Appendix B). The first stage adds the
+embedding dropout mask; the last stage adds the final norm and output-layer inputs (4sbh)
+and the fp32 logits kept by the cross entropy (4sbV/t).
+
+FP8 (Transformer Engine) keeps an fp8 copy and transpose of each GEMM weight: 2 bytes per
+layer parameter, and saves the inputs of the four GEMMs (QKV, projection, fc1, fc2) in fp8
+for the backward pass (1 byte instead of 2); other activations stay 16-bit. Fixed overheads (CUDA context, NCCL buffers) and the allocator fragmentation
+fraction come from the cluster config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmctl.plan.layout import Layout, StageSplit
+from llmctl.plan.params import layer_params, stage_params
+from llmctl.plan.specs import BYTES, AttentionKernel, ClusterSpec, ModelSpec, Recompute
+from llmctl.plan.specs import RunSpec, Sharding
+
+GIB = float(1024**3)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Memory of one rank, GiB, by named term."""
+
+    stage: str
+    weights_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    fp8_buffers_gib: float
+    fragmentation_gib: float
+    cuda_context_gib: float
+    nccl_buffers_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        """Peak memory of the rank."""
+        return sum(self.terms().values())
+
+    def terms(self) -> dict[str, float]:
+        """Named terms in a stable order (for tables, bars and JSON)."""
+        return {
+            "weights": self.weights_gib,
+            "grads": self.grads_gib,
+            "optimizer": self.optimizer_gib,
+            "activations": self.activations_gib,
+            "fp8_buffers": self.fp8_buffers_gib,
+            "fragmentation": self.fragmentation_gib,
+            "cuda_context": self.cuda_context_gib,
+            "nccl_buffers": self.nccl_buffers_gib,
+        }
+
+
+def state_bytes(run: RunSpec, sharding: Sharding, shard: int) -> tuple[float, float, float]:
+    """Bytes per parameter for (weights, grads, optimizer states) on one rank."""
+    mixed = run.params_dtype != "fp32"
+    w, g, o = BYTES[run.params_dtype], BYTES[run.grad_dtype], (12.0 if mixed else 8.0)
+    if sharding == Sharding.none:
+        return w, g, o
+    if sharding == Sharding.distributed:
+        return w, g, o / shard
+    return w / shard, g / shard, o / shard
+
+
+def layer_activation_bytes(
+    model: ModelSpec, run: RunSpec, *, tp: int, cp: int, mbs: int, sp: bool, recompute: Recompute
+) -> float:
+    """Activation bytes one layer keeps for one micro-batch on one rank."""
+    s, b, h = model.seq_length / cp, float(mbs), float(model.hidden_size)
+    scale = 2.0 if run.compute_dtype == "fp32" else 1.0
+    rep_div = tp if sp else 1
+    if recompute == Recompute.full:
+        return scale * 2.0 * s * b * h / rep_div
+    dropout = 2.0 if model.dropout else 0.0
+    gin = 1.0 if run.fp8 else 2.0  # bytes of a saved GEMM input
+    replicated = (4.0 + 2.0 * gin + dropout) * s * b * h
+    q = model.num_attention_heads * model.kv_channels
+    kv = model.num_query_groups * model.kv_channels
+    split = s * b * ((2.0 + gin) * q + 4.0 * kv)
+    width = 4.0 if model.gated_mlp else 2.0
+    if model.is_moe:
+        f = model.expert_ffn
+        split += model.moe_router_topk * (gin * s * b * h + (gin + width) * s * b * f)
+    else:
+        split += (gin + width) * s * b * model.ffn_hidden_size
+    total = replicated / rep_div + split / tp
+    if recompute == Recompute.none:
+        a = model.num_attention_heads
+        if run.attention == AttentionKernel.unfused:
+            total += (5.0 if model.dropout else 2.0) * a * b * s * model.seq_length / tp
+        else:
+            total += 4.0 * a * b * s / tp
+    return scale * total
+
+
+def in_flight(pp: int, vpp: int, num_microbatches: int, rank: int) -> float:
+    """Micro-batches (in units of a whole stage) whose activations stage `rank` holds at peak."""
+    if pp == 1:
+        return 1.0
+    if vpp == 1:
+        return float(min(pp - rank, num_microbatches))
+    chunks = 2 * (pp - rank - 1) + (vpp - 1) * pp + 1
+    return min(float(num_microbatches), chunks / vpp)
+
+
+def _first_extra(model: ModelSpec, layout: Layout) -> float:
+    if not model.dropout:
+        return 0.0
+    s = model.seq_length / layout.cp
+    div = layout.tp if layout.sequence_parallel else 1
+    return s * layout.micro_batch_size * model.hidden_size / div
+
+
+def _last_extra(model: ModelSpec, layout: Layout) -> float:
+    sb = model.seq_length / layout.cp * layout.micro_batch_size
+    div = layout.tp if layout.sequence_parallel else 1
+    return 4.0 * sb * model.hidden_size / div + 4.0 * sb * model.vocab_size / layout.tp
+
+
+def stage_memory(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    run: RunSpec,
+    layout: Layout,
+    *,
+    split: StageSplit,
+    num_microbatches: int,
+    rank: int,
+) -> MemoryBreakdown:
+    """Memory of pipeline stage `rank` (0 = first, pp-1 = last)."""
+    pp = layout.pp
+    first, last = rank == 0, rank == pp - 1
+    layers = split.first if first else (split.last if last else split.middle)
+    params = stage_params(model, tp=layout.tp, pp=pp, ep=layout.ep, layers=layers,
+                          first=first, last=last)  # fmt: skip
+    dense_shard = layout.dp * layout.cp
+    expert_shard = max(1, dense_shard // layout.ep)
+    wd, gd, od = state_bytes(run, layout.sharding, dense_shard)
+    we, ge, oe = state_bytes(run, layout.sharding, expert_shard)
+    weights = params.dense * wd + params.expert * we
+    grads = params.dense * gd + params.expert * ge
+    optimizer = params.dense * od + params.expert * oe
+    lp = layer_params(model, layout.tp, layout.ep).total
+    if layout.sharding == Sharding.full:
+        weights += 2 * lp * BYTES[run.params_dtype]
+        grads += 2 * lp * BYTES[run.grad_dtype]
+    fp8 = 2.0 * (2 if layout.sharding == Sharding.full else layers) * lp if run.fp8 else 0.0
+    per_layer = layer_activation_bytes(
+        model, run, tp=layout.tp, cp=layout.cp, mbs=layout.micro_batch_size,
+        sp=layout.sequence_parallel, recompute=layout.recompute,
+    )  # fmt: skip
+    held = in_flight(pp, layout.vpp, num_microbatches, rank)
+    acts = per_layer * layers * held
+    if first:
+        acts += _first_extra(model, layout) * held
+    if last:
+        acts += _last_extra(model, layout)
+    allocated = weights + grads + optimizer + acts + fp8
+    return MemoryBreakdown(
+        stage="only" if pp == 1 else ("first" if first else ("last" if last else "middle")),
+        weights_gib=weights / GIB,
+        grads_gib=grads / GIB,
+        optimizer_gib=optimizer / GIB,
+        activations_gib=acts / GIB,
+        fp8_buffers_gib=fp8 / GIB,
+        fragmentation_gib=allocated * cluster.fragmentation_fraction / GIB,
+        cuda_context_gib=cluster.cuda_context_gib,
+        nccl_buffers_gib=cluster.nccl_buffer_gib,
+    )
+
+
+def peak_memory(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    run: RunSpec,
+    layout: Layout,
+    *,
+    split: StageSplit,
+    num_microbatches: int,
+) -> MemoryBreakdown:
+    """Memory of the worst rank among the first, second and last pipeline stages."""
+    ranks = sorted({0, min(1, layout.pp - 1), layout.pp - 1})
+    stages = [
+        stage_memory(model, cluster, run, layout, split=split,
+                     num_microbatches=num_microbatches, rank=r)  # fmt: skip
+        for r in ranks
+    ]
+    return max(stages, key=lambda m: m.total_gib)

@@ -1,0 +1,300 @@
+"""Enumerate every valid layout, evaluate memory and step time, rank what fits.
+
+Why exhaustive: the space is small once divisibility prunes it (thousands of layouts for a
+405B model on 1024 GPUs), each evaluation is a few dozen float operations, and an exhaustive
+search is the only way to be sure the ranking is not an artefact of a heuristic. Work is
+linear in the number of candidates: structural checks are done once per (TP, CP, PP, VPP)
+family and the inner loop over micro-batch, recompute and sharding only evaluates formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from llmctl.plan.layout import Layout, StageSplit, check_world, split_layers
+from llmctl.plan.memory import MemoryBreakdown, peak_memory
+from llmctl.plan.perf import StepTime, Throughput, step_time, throughput
+from llmctl.plan.specs import ModelSpec, PlanInput, Recompute, Sharding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """One layout with its worst-rank memory, step time and rates."""
+
+    layout: Layout
+    split: StageSplit
+    memory: MemoryBreakdown
+    time: StepTime
+    rates: Throughput
+    fits: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    """A family of layouts dropped for one reason."""
+
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanResult:
+    """Ranked fitting layouts, every candidate's (step s, peak GiB, fits), rejections."""
+
+    input: PlanInput
+    ranked: tuple[Evaluation, ...]
+    points: tuple[tuple[float, float, bool], ...]
+    rejections: tuple[Rejection, ...]
+    num_candidates: int
+    usable_gib: float
+    closest: Evaluation | None
+    suggestions: tuple[str, ...]
+
+    @property
+    def best(self) -> Evaluation | None:
+        """The fastest fitting layout, if any."""
+        return self.ranked[0] if self.ranked else None
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def usable_gib(inp: PlanInput) -> float:
+    """HBM a layout may use: capacity minus the headroom fraction."""
+    return inp.cluster.hbm_gib * (1.0 - inp.search.headroom_fraction)
+
+
+def evaluate(inp: PlanInput, layout: Layout) -> Evaluation:
+    """Memory, step time and rates of one structurally valid layout."""
+    model, cluster, run = inp.model, inp.cluster, inp.run
+    split = split_layers(model.num_layers, layout.pp, layout.vpp, inp.search.allow_uneven_pp)
+    if split is None:
+        raise ValueError(_pp_reason(model, layout.pp, layout.vpp))
+    m = layout.num_microbatches(run.global_batch_size)
+    mem = peak_memory(model, cluster, run, layout, split=split, num_microbatches=m)
+    time = step_time(model, cluster, run, layout, split)
+    rates = throughput(model, cluster, run, layout.world_size, time.total_s)
+    return Evaluation(layout=layout, split=split, memory=mem, time=time, rates=rates,
+                      fits=mem.total_gib <= usable_gib(inp))  # fmt: skip
+
+
+def _pp_reason(model: ModelSpec, pp: int, vpp: int) -> str:
+    chunks = f"PP*VPP = {pp}*{vpp}" if vpp > 1 else f"PP={pp}"
+    return f"{chunks} does not divide {model.num_layers} layers (nor {model.num_layers}+2)"
+
+
+def _tp_reason(inp: PlanInput, tp: int) -> str | None:
+    m, c = inp.model, inp.cluster
+    if m.num_attention_heads % tp:
+        return f"TP={tp} does not divide {m.num_attention_heads} attention heads"
+    if m.num_query_groups % tp:
+        return f"TP={tp} does not divide {m.num_query_groups} query groups"
+    if tp > c.nvlink_domain_size and not inp.constraints.allow_tp_outside_nvlink:
+        return f"TP={tp} crosses the {c.nvlink_domain_size}-GPU NVLink domain"
+    return None
+
+
+def _cp_reason(inp: PlanInput, cp: int) -> str | None:
+    s = inp.model.seq_length
+    if cp > 1 and s % (2 * cp):
+        return f"CP={cp}: sequence {s} not divisible by 2*CP = {2 * cp}"
+    return None
+
+
+def _ep_values(inp: PlanInput, dp: int, cp: int) -> tuple[list[int], str | None]:
+    m, fixed = inp.model, inp.constraints.ep
+    if not m.is_moe:
+        return [1], None
+    values = [fixed] if fixed else divisors(m.num_experts)
+    ok = [e for e in values if m.num_experts % e == 0 and (dp * cp) % e == 0]
+    if not ok:
+        return [], f"EP={values[0]} must divide {m.num_experts} experts and DP*CP = {dp * cp}"
+    return ok, None
+
+
+def check_constraints(inp: PlanInput) -> None:
+    """Raise ValueError naming the failing product when fixed dimensions are impossible."""
+    c, world = inp.constraints, inp.cluster.world_size
+    tp, pp, cp = c.tp or 1, c.pp or 1, c.cp or 1
+    check_world(world, tp, pp, cp)
+    if c.tp and (reason := _tp_reason(inp, c.tp)):
+        raise ValueError(reason)
+    if c.cp and (reason := _cp_reason(inp, c.cp)):
+        raise ValueError(reason)
+    if c.vpp and c.vpp > 1 and c.pp == 1:
+        raise ValueError(f"VPP={c.vpp} needs PP > 1")
+    if c.pp and split_layers(inp.model.num_layers, c.pp, c.vpp or 1,
+                             inp.search.allow_uneven_pp) is None:  # fmt: skip
+        raise ValueError(_pp_reason(inp.model, c.pp, c.vpp or 1))
+    if c.ep and c.ep > 1 and not inp.model.is_moe:
+        raise ValueError(f"EP={c.ep} needs an MoE model ({inp.model.name} is dense)")
+    if c.sequence_parallel and c.tp == 1:
+        raise ValueError("sequence parallelism needs TP > 1 (TP=1 is fixed)")
+    if c.sharding == Sharding.full and c.pp and c.pp > 1:
+        raise ValueError(f"full sharding (FSDP) needs PP=1, PP={c.pp} is fixed")
+    if c.dp and c.tp and c.pp and c.cp is not None:
+        if c.dp * c.tp * c.pp * (c.cp or 1) != world:
+            raise ValueError(
+                f"DP={c.dp} but {world} GPUs / (TP*PP*CP = {c.tp}*{c.pp}*{c.cp}) = "
+                f"{world // (c.tp * c.pp * c.cp)}"
+            )
+    _check_batch(inp)
+
+
+def _check_batch(inp: PlanInput) -> None:
+    c, gbs = inp.constraints, inp.run.global_batch_size
+    if c.micro_batch_size and gbs % c.micro_batch_size:
+        raise ValueError(f"GBS {gbs} not divisible by MBS {c.micro_batch_size}")
+    if c.dp and c.micro_batch_size and gbs % (c.micro_batch_size * c.dp):
+        raise ValueError(
+            f"GBS {gbs} not divisible by MBS*DP = {c.micro_batch_size}*{c.dp}"
+        )
+
+
+class _Rejected:
+    """Rejection families keyed by reason, with counts."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, reason: str, count: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + count
+
+
+def _structures(inp: PlanInput, rej: _Rejected) -> list[tuple[int, int, int, int, int]]:
+    """Valid (tp, cp, pp, vpp, dp) families."""
+    c, world = inp.constraints, inp.cluster.world_size
+    out = []
+    for tp in [c.tp] if c.tp else divisors(world):
+        if reason := _tp_reason(inp, tp):
+            rej.add(reason)
+            continue
+        for cp in [c.cp] if c.cp else divisors(world // tp):
+            if world % (tp * cp) or (reason := _cp_reason(inp, cp)):
+                rej.add(reason or f"{world} GPUs not divisible by TP*CP = {tp}*{cp}")
+                continue
+            out += _pp_families(inp, rej, tp, cp)
+    return out
+
+
+def _pp_families(inp: PlanInput, rej: _Rejected, tp: int, cp: int) -> list[tuple[int, ...]]:
+    c, world, layers = inp.constraints, inp.cluster.world_size, inp.model.num_layers
+    out: list[tuple[int, ...]] = []
+    for pp in [c.pp] if c.pp else divisors(world // (tp * cp)):
+        if world % (tp * cp * pp):
+            rej.add(f"{world} GPUs not divisible by TP*PP*CP = {tp}*{pp}*{cp}")
+            continue
+        dp = world // (tp * cp * pp)
+        if c.dp and c.dp != dp:
+            rej.add(f"DP={c.dp} fixed but world/(TP*PP*CP) = {dp}")
+            continue
+        vpps = [c.vpp] if c.vpp else ([1] + [v for v in range(2, layers // pp + 1)] if pp > 1
+                                      else [1])  # fmt: skip
+        found = False
+        for vpp in vpps:
+            if split_layers(layers, pp, vpp, inp.search.allow_uneven_pp) is not None:
+                out.append((tp, cp, pp, vpp, dp))
+                found = True
+        if not found:
+            rej.add(_pp_reason(inp.model, pp, c.vpp or 1)
+                    + ("" if inp.search.allow_uneven_pp else " (plan.allow_uneven_pp=false)"))
+    return out
+
+
+def _options(inp: PlanInput, tp: int, pp: int) -> list[tuple[bool, Recompute, Sharding]]:
+    c = inp.constraints
+    sps = [c.sequence_parallel] if c.sequence_parallel is not None else [tp > 1]
+    rcs = [c.recompute] if c.recompute else list(Recompute)
+    shs = [c.sharding] if c.sharding else list(Sharding)
+    return [(sp, rc, sh) for sp in sps if not (sp and tp == 1) for rc in rcs for sh in shs
+            if not (sh == Sharding.full and pp > 1)]  # fmt: skip
+
+
+def candidates(inp: PlanInput) -> tuple[list[Layout], dict[str, int]]:
+    """Every structurally valid layout, and rejection counts by reason."""
+    rej = _Rejected()
+    out: list[Layout] = []
+    c, gbs = inp.constraints, inp.run.global_batch_size
+    mbss = [c.micro_batch_size] if c.micro_batch_size else list(inp.search.micro_batch_sizes)
+    for tp, cp, pp, vpp, dp in _structures(inp, rej):
+        eps, reason = _ep_values(inp, dp, cp)
+        if reason:
+            rej.add(reason)
+        opts = _options(inp, tp, pp)
+        if pp > 1 and c.sharding == Sharding.full:
+            rej.add("full sharding (FSDP) needs PP=1")
+        for mbs in mbss:
+            if gbs % (mbs * dp):
+                rej.add(f"MBS={mbs} with DP={dp}: GBS {gbs} not divisible by MBS*DP")
+                continue
+            m = gbs // (mbs * dp)
+            if vpp > 1 and m % pp:
+                rej.add(f"VPP={vpp} needs micro-batches ({m}) divisible by PP={pp}")
+                continue
+            for ep in eps:
+                out += [Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, dp=dp, micro_batch_size=mbs,
+                               sequence_parallel=sp, recompute=rc, sharding=sh)
+                        for sp, rc, sh in opts]  # fmt: skip
+    return out, rej.counts
+
+
+def plan(inp: PlanInput, *, suggest: bool = True) -> PlanResult:
+    """Search all valid layouts, drop those that do not fit, rank the rest by step time.
+
+    Raises:
+        ValueError: the fixed dimensions in `inp.constraints` are impossible; the message
+            names the failing product or divisibility.
+    """
+    check_constraints(inp)
+    layouts, rejected = candidates(inp)
+    evals = [evaluate(inp, lay) for lay in layouts]
+    fitting = sorted((e for e in evals if e.fits), key=lambda e: e.rates.step_s)
+    limit = usable_gib(inp)
+    misfits = len(evals) - len(fitting)
+    if misfits:
+        rejected[f"needs more than {limit:.1f} GiB usable per GPU"] = misfits
+    closest = min(evals, key=lambda e: e.memory.total_gib) if evals and not fitting else None
+    tips = tuple(suggestions(inp)) if suggest and not fitting else ()
+    return PlanResult(
+        input=inp,
+        ranked=tuple(fitting[: max(inp.search.top_k, 1)]),
+        points=tuple((e.rates.step_s, e.memory.total_gib, e.fits) for e in evals),
+        rejections=tuple(Rejection(reason=r, count=n) for r, n in rejected.items()),
+        num_candidates=len(evals),
+        usable_gib=limit,
+        closest=closest,
+        suggestions=tips,
+    )
+
+
+def suggestions(inp: PlanInput) -> list[str]:
+    """What would make something fit: relax each fixed choice, then more GPUs."""
+    c = inp.constraints
+    relax = [
+        ("recompute", "full activation recompute", replace(c, recompute=Recompute.full)),
+        ("micro_batch_size", "micro-batch size 1", replace(c, micro_batch_size=1)),
+        ("pp", "searching PP (more pipeline stages)", replace(c, pp=None, vpp=None, dp=None)),
+        ("sharding", "full optimizer sharding", replace(c, sharding=None, pp=None, dp=None)),
+    ]
+    out = []
+    for _, text, cons in relax:
+        best = _try(replace(inp, constraints=cons))
+        if best:
+            out.append(f"{text} fits: {best.layout.short()} ({best.memory.total_gib:.1f} GiB)")
+    for factor in (2, 4, 8, 16):
+        nodes = inp.cluster.num_nodes * factor
+        cl = replace(inp.cluster, num_nodes=nodes)
+        best = _try(replace(inp, cluster=cl, constraints=replace(c, dp=None)))
+        if best:
+            out.append(f"{nodes} nodes ({cl.world_size} GPUs) fit: {best.layout.short()}")
+            break
+    return out or ["nothing tried fits: a larger-memory GPU or a smaller model is needed"]
+
+
+def _try(inp: PlanInput) -> Evaluation | None:
+    try:
+        return plan(inp, suggest=False).best
+    except ValueError:
+        return None

@@ -1,0 +1,82 @@
+"""Calibration and held-out evaluation tokens from the user's own Megatron indexed dataset.
+
+Why these slices: Megatron splits an indexed dataset by document order ("98,2,0" puts the last
+2% of documents in validation), so the tail of the token stream is the data the model saw least
+(or never). llmctl takes calibration sequences from the head of the stream and held-out
+evaluation tokens from the tail, never overlapping, and reads both through a memory map: memory
+does not grow with the corpus. Every id is checked against the tokenizer and the model's
+embedding rows before any model is loaded, because an id out of range would otherwise surface as
+an index error deep inside a forward pass (or, worse, silently score a different tokenizer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from llmctl.data.indexed import bin_path, idx_path, read_header
+from llmctl.errors import UserError
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSplit:
+    """Calibration sequences and held-out tokens, as int64 arrays."""
+
+    calibration: np.ndarray  # [num_samples, seq_len]
+    heldout: np.ndarray  # [num_eval_tokens]
+    total_tokens: int
+
+
+def open_tokens(prefix: str | Path) -> np.ndarray:
+    """The whole token stream of a dataset as a read-only memory map.
+
+    Raises:
+        UserError: Missing files or not a Megatron index.
+    """
+    for path in (bin_path(prefix), idx_path(prefix)):
+        if not path.is_file():
+            raise UserError(f"calibration data {prefix}: {path} not found")
+    try:
+        dtype = read_header(prefix).dtype
+    except ValueError as e:
+        raise UserError(f"calibration data {prefix}: {e}") from e
+    return np.memmap(bin_path(prefix), dtype=dtype, mode="r")
+
+
+def split_tokens(
+    tokens: np.ndarray, num_samples: int, seq_len: int, num_eval_tokens: int
+) -> TokenSplit:
+    """Calibration from the head, evaluation from the tail, no overlap.
+
+    Raises:
+        UserError: If the stream is too short for both, naming what to lower.
+    """
+    need_cal, total = num_samples * seq_len, int(tokens.shape[0])
+    if need_cal + num_eval_tokens > total:
+        raise UserError(
+            f"calibration data has {total} tokens but {num_samples} samples x {seq_len} tokens "
+            f"+ {num_eval_tokens} held-out tokens = {need_cal + num_eval_tokens} are needed; "
+            "lower --num-samples, --seq-len or --eval-tokens"
+        )
+    calibration = np.asarray(tokens[:need_cal], dtype=np.int64).reshape(num_samples, seq_len)
+    heldout = np.asarray(tokens[total - num_eval_tokens :], dtype=np.int64)
+    return TokenSplit(calibration, heldout, total)
+
+
+def check_vocab(split: TokenSplit, tokenizer_vocab: int, model_vocab: int, source: str) -> None:
+    """Every id must be a token of the tokenizer and a row of the model's embedding.
+
+    Raises:
+        UserError: Naming the largest id and both sizes.
+    """
+    largest = int(max(split.calibration.max(initial=0), split.heldout.max(initial=0)))
+    limit = min(tokenizer_vocab, model_vocab)
+    if largest >= limit:
+        raise UserError(
+            f"calibration data {source} has token id {largest} but the tokenizer has "
+            f"{tokenizer_vocab} tokens and the model {model_vocab} embedding rows: the data was "
+            "tokenized with a different tokenizer; re-run `llmctl data preprocess` with the "
+            "model's tokenizer"
+        )

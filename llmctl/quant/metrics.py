@@ -1,0 +1,86 @@
+"""Perplexity on held-out tokens, and the peak resident memory of a phase.
+
+Why perplexity is computed this way: the held-out stream is cut into non-overlapping windows of
+`seq_len` tokens; each window is scored on its own (no carried context), and perplexity is
+exp(total negative log-likelihood / number of predicted tokens), i.e. seq_len - 1 predictions
+per window. Both the source and the quantized model are scored in fp32 compute with the same
+windows, so the difference between the two figures is the quantization error alone (the
+quantized weights, decompressed by transformers, are exact in fp32).
+
+Peak memory is the largest RSS of this process seen by a 20 ms sampler while a phase runs (the
+kernel's own high-water mark, ru_maxrss, cannot be reset between phases).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import numpy as np
+
+
+def perplexity(model: Any, tokens: np.ndarray, seq_len: int, batch_size: int = 8) -> float:
+    """Perplexity of a causal LM (a transformers model) on a token stream.
+
+    Args:
+        model: A `PreTrainedModel` whose forward returns `.logits`.
+        tokens: 1-D token ids; trailing tokens that do not fill a window are dropped.
+        seq_len: Window length.
+        batch_size: Windows per forward pass.
+    """
+    import torch
+
+    num_windows = len(tokens) // seq_len
+    if num_windows < 1:
+        raise ValueError(f"{len(tokens)} held-out tokens do not fill one window of {seq_len}")
+    windows = torch.from_numpy(np.asarray(tokens[: num_windows * seq_len], dtype=np.int64))
+    windows = windows.view(num_windows, seq_len)
+    nll, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, num_windows, batch_size):
+            batch = windows[start : start + batch_size]
+            logits = model(input_ids=batch).logits.float()
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]),
+                batch[:, 1:].reshape(-1),
+                reduction="sum",
+            )
+            nll += float(loss)
+            count += batch[:, 1:].numel()
+    return math.exp(nll / count)
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+class PeakRss:
+    """Context manager sampling this process's RSS; `peak_bytes` holds the maximum seen."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PeakRss:
+        self.peak_bytes = rss_bytes()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, rss_bytes())

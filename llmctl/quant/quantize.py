@@ -1,0 +1,421 @@
+"""`llmctl quantize`: plan (every check, no heavy work), then run llm-compressor and verify.
+
+The run: export the checkpoint when the source is a run directory, load the model in fp32 and
+score held-out perplexity, cast to bf16 (so scales are 16-bit: 4.125 bits for INT4 g128), run
+llm-compressor's `oneshot` with calibration sequences from the user's indexed dataset, save in
+the compressed-tensors format, then reload the output with transformers exactly as a user would
+and score it again. The output is written to a hidden staging directory next to `--out` and
+renamed only after the report is in it, so an interrupted run leaves nothing that looks like a
+finished model.
+
+Memory: llm-compressor's sequential pipeline calibrates one decoder layer at a time, so beyond
+the model itself (held once, in bf16, plus the fp32 copy for the baseline score) the peak grows
+with one layer's activations for the calibration set, not with the depth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import UserError
+from llmctl.quant import calibration, hfdir
+from llmctl.quant.schemes import (
+    SUPPORTED_ARCHITECTURES,
+    QuantSpec,
+    check_group_divisibility,
+    quantized_linears,
+    theoretical_bits_per_weight,
+)
+
+REPORT_FILE = "quant_report.json"
+DEFAULT_EVAL_TOKENS = 16384
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantRequest:
+    """What the user asked for (CLI options, resolved config)."""
+
+    source: Path
+    out: Path
+    spec: QuantSpec
+    data_prefix: str | None = None
+    step: int | None = None
+    num_eval_tokens: int = DEFAULT_EVAL_TOKENS
+    dtype: str = "bf16"
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantPlan:
+    """A checked request: everything the run needs, found without loading a model."""
+
+    request: QuantRequest
+    source_kind: str  # "run_dir" or "hf"
+    architecture: str
+    linears: dict[str, tuple[int, int]]
+    data_prefix: str
+    tokenizer_vocab: int
+    model_vocab: int
+    eval_seq_len: int
+    theoretical_bits: float
+    checkpoint: Any = None  # export.RunCheckpoint for run directories
+    split: calibration.TokenSplit | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (for --dry-run)."""
+        spec = self.request.spec
+        return {
+            "source": str(self.request.source),
+            "source_kind": self.source_kind,
+            "checkpoint": str(self.checkpoint.path) if self.checkpoint else None,
+            "out": str(self.request.out),
+            "architecture": self.architecture,
+            "scheme": spec.scheme.value,
+            "algorithm": spec.algorithm.value,
+            "group_size": spec.group_size,
+            "ignore": list(spec.ignore),
+            "num_quantized_linears": len(quantized_linears(spec, self.linears)),
+            "theoretical_bits_per_weight": round(self.theoretical_bits, 4),
+            "data_prefix": self.data_prefix,
+            "num_calibration_samples": spec.num_calibration_samples,
+            "calibration_seq_length": spec.calibration_seq_length,
+            "num_eval_tokens": self.request.num_eval_tokens,
+            "eval_seq_len": self.eval_seq_len,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantReport:
+    """Measured result of one quantization (saved as quant_report.json in the output)."""
+
+    source: str
+    out: str
+    scheme: str
+    algorithm: str
+    group_size: int | None
+    ignore: list[str]
+    size_before_bytes: int
+    size_after_bytes: int
+    bits_per_weight: float
+    theoretical_bits_per_weight: float
+    num_quantized_linears: int
+    perplexity_before: float
+    perplexity_after: float
+    num_eval_tokens: int
+    eval_seq_len: int
+    num_calibration_samples: int
+    calibration_seq_length: int
+    wall_s: float
+    phase_s: dict[str, float]
+    peak_rss_bytes: int
+    versions: dict[str, str]
+
+    @property
+    def perplexity_change_pct(self) -> float:
+        """Relative perplexity change, in percent (positive = worse)."""
+        return 100.0 * (self.perplexity_after / self.perplexity_before - 1.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Fields plus the derived perplexity change."""
+        data = asdict(self)
+        data["perplexity_change_pct"] = round(self.perplexity_change_pct, 4)
+        return data
+
+
+def _check_out(request: QuantRequest) -> None:
+    out = request.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not request.force:
+        raise UserError(f"output {out} already exists; choose another --out or pass --force")
+    if out.resolve() == request.source.resolve():
+        raise UserError("--out must differ from the source directory")
+
+
+def _plan_hf(request: QuantRequest) -> dict[str, Any]:
+    config = hfdir.read_config(request.source)
+    arch = (config.get("architectures") or ["?"])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UserError(
+            f"{request.source}: architecture {arch} is not supported; llmctl quantizes "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    if "quantization_config" in config:
+        raise UserError(f"{request.source} is already quantized (config.json quantization_config)")
+    if not request.data_prefix:
+        raise UserError(
+            "a Hugging Face model directory needs --data PREFIX: an indexed dataset "
+            "(.bin/.idx) tokenized with this model's tokenizer"
+        )
+    return {
+        "source_kind": "hf",
+        "architecture": arch,
+        "linears": hfdir.linear_shapes(hfdir.read_tensors(request.source)),
+        "data_prefix": request.data_prefix,
+        "tokenizer_vocab": hfdir.tokenizer_vocab_size(request.source),
+        "model_vocab": int(config.get("vocab_size", 0)),
+        "max_positions": int(config.get("max_position_embeddings") or 1 << 30),
+        "checkpoint": None,
+    }
+
+
+def _plan_run(request: QuantRequest) -> dict[str, Any]:
+    from llmctl.quant import export
+
+    ckpt = export.find_run_checkpoint(request.source, request.step)
+    export.check_exportable(ckpt.model)
+    prefix = request.data_prefix or ckpt.data_prefix
+    if not prefix:
+        raise UserError(f"run {request.source} names no data prefix; pass --data PREFIX")
+    if ckpt.tokenizer is None:
+        raise UserError(f"run {request.source}: tokenizer not found; pass --tokenizer PATH")
+    from llmctl.train.data import tokenizer_info
+
+    return {
+        "source_kind": "run_dir",
+        "architecture": export.hf_architecture(ckpt.model),
+        "linears": export.hf_linear_shapes(ckpt.model),
+        "data_prefix": prefix,
+        "tokenizer_vocab": tokenizer_info(str(ckpt.tokenizer))[0],
+        "model_vocab": int(ckpt.model.vocab_size),
+        "max_positions": int(ckpt.model.max_position_embeddings or ckpt.model.seq_length),
+        "checkpoint": ckpt,
+    }
+
+
+def is_run_dir(path: Path) -> bool:
+    """A llmctl run directory holds config.yaml and checkpoints/."""
+    return (path / "config.yaml").is_file() and (path / "checkpoints").is_dir()
+
+
+def plan_quantization(request: QuantRequest) -> QuantPlan:
+    """Run every check that needs no model: source, architecture, group sizes, data, output.
+
+    Raises:
+        UserError: The first problem found, in one line.
+    """
+    if not request.source.is_dir():
+        raise UserError(f"source {request.source} is not a directory")
+    _check_out(request)
+    found = _plan_run(request) if is_run_dir(request.source) else _plan_hf(request)
+    spec = request.spec
+    check_group_divisibility(spec, found["linears"])
+    eval_seq_len = min(spec.calibration_seq_length, found.pop("max_positions"))
+    tokens = calibration.open_tokens(found["data_prefix"])
+    split = calibration.split_tokens(
+        tokens, spec.num_calibration_samples, spec.calibration_seq_length, request.num_eval_tokens
+    )
+    calibration.check_vocab(
+        split, found["tokenizer_vocab"], found["model_vocab"], found["data_prefix"]
+    )
+    if request.num_eval_tokens < eval_seq_len:
+        raise UserError(f"--eval-tokens must be >= the window length {eval_seq_len}")
+    return QuantPlan(
+        request=request,
+        eval_seq_len=eval_seq_len,
+        theoretical_bits=theoretical_bits_per_weight(spec, found["linears"]),
+        split=split,
+        **found,
+    )
+
+
+def _offline() -> None:
+    """Never reach a hub: saving re-reads config.json and falls back to a download otherwise."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("llmcompressor", "compressed-tensors", "transformers", "torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+def load_model(model_dir: Path, dtype: str = "fp32") -> Any:
+    """Load a (possibly compressed) causal LM on CPU from an absolute local path."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return AutoModelForCausalLM.from_pretrained(str(model_dir.resolve()), dtype=torch_dtype)
+
+
+def calibration_dataset(split: calibration.TokenSplit) -> Any:
+    """The calibration sequences as a `datasets.Dataset` of input_ids/attention_mask."""
+    from datasets import Dataset
+
+    ids = split.calibration.tolist()
+    return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(r) for r in ids]})
+
+
+def run_oneshot(model: Any, model_dir: Path, dataset: Any, spec: QuantSpec) -> Any:
+    """Apply the recipe with llm-compressor's `oneshot` (calibrated when the spec needs it)."""
+    from llmcompressor import oneshot
+
+    from llmctl.quant.recipes import build_recipe
+
+    kwargs: dict[str, Any] = {}
+    if spec.needs_calibration:
+        kwargs = {
+            "dataset": dataset,
+            "num_calibration_samples": spec.num_calibration_samples,
+            "max_seq_length": spec.calibration_seq_length,
+            "tokenizer": str(model_dir.resolve()),
+        }
+    return oneshot(model=model, recipe=build_recipe(spec), **kwargs)
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in hfdir.TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+
+
+def _staging_dir(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Move the finished output into place (replacing an old one only now, under --force)."""
+    if out.exists():
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    staging.rename(out)
+
+
+class _Phases:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def time(self, name: str) -> _Timer:
+        return _Timer(self.seconds, name)
+
+
+class _Timer:
+    def __init__(self, sink: dict[str, float], name: str) -> None:
+        self.sink, self.name = sink, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.sink[self.name] = round(time.perf_counter() - self.t0, 3)
+
+
+def _source_model_dir(plan: QuantPlan, workdir: Path, phases: _Phases) -> Path:
+    if plan.source_kind == "hf":
+        return plan.request.source.resolve()
+    from llmctl.quant.export import export_hf
+
+    with phases.time("export"):
+        export_hf(plan.checkpoint, workdir / "export")
+    return (workdir / "export").resolve()
+
+
+def _quantize_into(plan: QuantPlan, staging: Path, phases: _Phases, model_dir: Path) -> float:
+    """Load, score, quantize and save into `staging`. Returns the baseline perplexity."""
+    from llmctl.quant.metrics import perplexity
+
+    assert plan.split is not None
+    spec = plan.request.spec
+    with phases.time("load"):
+        model = load_model(model_dir, "fp32")
+    with phases.time("eval_before"):
+        ppl_before = perplexity(model, plan.split.heldout, plan.eval_seq_len)
+    with phases.time("quantize"):
+        if plan.request.dtype != "fp32":  # 16-bit scales: reload rather than cast (config dtype)
+            del model
+            model = load_model(model_dir, plan.request.dtype)
+        dataset = calibration_dataset(plan.split)
+        model = run_oneshot(model, model_dir, dataset, spec)
+    with phases.time("save"):
+        model.save_pretrained(str(staging), save_compressed=True)
+        _copy_tokenizer(model_dir, staging)
+    del model
+    return ppl_before
+
+
+def run_quantization(plan: QuantPlan) -> QuantReport:
+    """Quantize, save, reload, score, and publish the output directory with its report.
+
+    Raises:
+        UserError: Problems only the library finds (reported in one line).
+    """
+    from llmctl.quant.metrics import PeakRss, perplexity
+
+    _offline()
+    req, phases, t0 = plan.request, _Phases(), time.perf_counter()
+    staging = _staging_dir(req.out)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".llmctl-export-", dir=req.out.parent) as work:
+            with PeakRss() as peak:
+                model_dir = _source_model_dir(plan, Path(work), phases)
+                ppl_before = _quantize_into(plan, staging, phases, model_dir)
+                with phases.time("eval_after"):
+                    assert plan.split is not None
+                    reloaded = load_model(staging, "fp32")
+                    ppl_after = perplexity(reloaded, plan.split.heldout, plan.eval_seq_len)
+                    del reloaded
+            size_before = hfdir.dir_size_bytes(model_dir)
+        report = _report(plan, staging, ppl_before, ppl_after, size_before, phases, peak, t0)
+        (staging / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        _publish(staging, req.out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report
+
+
+def _report(
+    plan: QuantPlan,
+    staging: Path,
+    ppl_before: float,
+    ppl_after: float,
+    size_before: int,
+    phases: _Phases,
+    peak: Any,
+    t0: float,
+) -> QuantReport:
+    spec, req = plan.request.spec, plan.request
+    bits, count = hfdir.quantized_bits_per_weight(hfdir.read_tensors(staging), spec.weight_bits)
+    return QuantReport(
+        source=str(req.source),
+        out=str(req.out),
+        scheme=spec.scheme.value,
+        algorithm=spec.algorithm.value,
+        group_size=spec.group_size,
+        ignore=list(spec.ignore),
+        size_before_bytes=size_before,
+        size_after_bytes=hfdir.dir_size_bytes(staging),
+        bits_per_weight=round(bits, 4),
+        theoretical_bits_per_weight=round(plan.theoretical_bits, 4),
+        num_quantized_linears=count,
+        perplexity_before=ppl_before,
+        perplexity_after=ppl_after,
+        num_eval_tokens=len(plan.split.heldout) if plan.split is not None else 0,
+        eval_seq_len=plan.eval_seq_len,
+        num_calibration_samples=spec.num_calibration_samples,
+        calibration_seq_length=spec.calibration_seq_length,
+        wall_s=round(time.perf_counter() - t0, 3),
+        phase_s=dict(phases.seconds),
+        peak_rss_bytes=int(peak.peak_bytes),
+        versions=_versions(),
+    )
+
+
+def quantize(request: QuantRequest, *, dry_run: bool = False) -> QuantPlan | QuantReport:
+    """Plan, then (unless `dry_run`) run. The single entry point the CLI calls."""
+    plan = plan_quantization(request)
+    return plan if dry_run else run_quantization(plan)

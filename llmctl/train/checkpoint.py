@@ -1,0 +1,586 @@
+"""Distributed checkpoints for the training loop: async save, atomic commit, resume, preemption.
+
+`DistCheckpointer` implements the loop's `Checkpointer` seam (`load`, `after_step`, `close`).
+Model and optimizer go through megatron-core `dist_checkpointing` (torch_dist format, sharded by
+rank, resharded on load by megatron where it can); everything else a resume needs is plain JSON
+written by llmctl: step, consumed samples (the data-loader position), LR scheduler, resolved
+config, plan, versions, and the RNG states of every rank. The on-disk protocol (temporary
+directory, per-rank durable markers, manifest with CRC32s, atomic rename, `latest` pointer,
+retention) lives in `ckpt_store`.
+
+Why async: a synchronous save stalls every rank for the whole write. megatron's async request
+copies the state to host memory (a no-op on CPU: tensors are cloned), forks a writer and returns;
+the loop polls it once per step (one int all-reduce) and commits when every rank is done.
+
+Failure policy: a save that fails (disk full, permission denied, I/O error) is logged and retried
+at the next step up to `checkpoint.save_retries` times; after `checkpoint.max_failed_saves`
+consecutive failed saves the run stops cleanly (`TrainingStopped`, exit code 3). Earlier
+checkpoints are never touched by a failed save: it only ever wrote into its `.tmp-` directory.
+
+Preemption: SIGTERM and SIGUSR1 set a flag; at the end of the current step all ranks agree on
+it (MAX all-reduce), wait for any save in flight, save synchronously unless this step is
+already committed, and raise `TrainingStopped` with exit code 128 + signal number, so
+schedulers see a signalled job (SLURM `--requeue`, torchrun restarts) and the next start
+resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import UserError
+from llmctl.train import ckpt_store as store
+
+log = logging.getLogger("llmctl.train.checkpoint")
+
+EXIT_SAVE_FAILED = 3
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Model fields that must match between a checkpoint and the run that loads it.
+_ARCH_FIELDS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "kv_channels", "vocab_size", "normalization", "activation", "position_embedding",
+    "tied_embeddings", "add_bias_linear", "num_experts",
+)  # fmt: skip
+_LAYOUT_DIMS = ("tp", "pp", "vpp", "cp", "ep", "dp")
+
+
+class TrainingStopped(SystemExit):
+    """Raised by the checkpointer to end the run cleanly (preemption, saves keep failing)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code)
+        self.message = message
+
+
+def preempt_exit_code(signum: int) -> int:
+    """Exit code after a preemption checkpoint: 128 + signal, as if killed by the signal."""
+    return 128 + int(signum)
+
+
+@dataclass
+class _Pending:
+    step: int
+    tmp_dir: Path
+    started: float
+    committed: bool | None = None
+    error: str | None = None
+
+
+def _v(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def _unwrap(module: Any) -> Any:
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+def _b64(t: Any) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> Any:
+    import torch
+
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def capture_rng() -> dict[str, Any]:
+    """This rank's RNG states (python, numpy, torch CPU/CUDA, megatron's tracker) as JSON."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    out: dict[str, Any] = {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
+        "torch": _b64(torch.get_rng_state()),
+        "tracker": {k: _b64(v) for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()},
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = _b64(torch.cuda.get_rng_state())
+    return out
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng`."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_unb64(state["cuda"]))
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    tracker.set_states({k: _unb64(v) for k, v in state["tracker"].items()})
+
+
+def versions() -> dict[str, str]:
+    """llmctl, megatron-core and torch versions (recorded in every checkpoint)."""
+    import megatron.core
+    import torch
+
+    import llmctl
+
+    return {
+        "llmctl": llmctl.__version__,
+        "megatron_core": str(getattr(megatron.core, "__version__", "unknown")),
+        "torch": torch.__version__,
+    }
+
+
+def _rank_coords() -> dict[str, int]:
+    from megatron.core import parallel_state as ps
+
+    return {
+        "tp": ps.get_tensor_model_parallel_rank(),
+        "pp": ps.get_pipeline_model_parallel_rank(),
+        "dp": ps.get_data_parallel_rank(),
+    }
+
+
+def uses_torch_adam() -> bool:
+    """Whether megatron's optimizer runs on torch's Adam (no Transformer Engine, no Apex)."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        try:
+            import apex  # noqa: F401
+        except Exception:
+            return True
+    return False
+
+
+def check_optimizer_checkpointable(layout: Any) -> None:
+    """Refuse distributed-optimizer checkpoints where megatron-core cannot reload them.
+
+    Raises:
+        UserError: On the torch-Adam path (CPU, or GPU without TE/Apex) with sharding on.
+    """
+    if layout.optimizer_sharding == "distributed" and uses_torch_adam():
+        raise UserError(
+            "checkpoint: parallel.optimizer_sharding=distributed cannot be checkpointed on "
+            "megatron-core's torch-Adam path (no Transformer Engine or Apex, e.g. CPU): its "
+            "checkpoints do not reload there; use parallel.optimizer_sharding=none or "
+            "checkpoint.interval=0"
+        )
+
+
+def check_compatible(saved: dict[str, Any], cfg: Any, layout: Any) -> list[str]:
+    """Compare a checkpoint's train_state with this run. Returns the layout dims that changed.
+
+    Raises:
+        UserError: If a model field differs (no layout change can load other weights), or the
+            optimizer sharding changed.
+    """
+    saved_model = saved.get("model", {})
+    for name in _ARCH_FIELDS:
+        have = getattr(cfg.model, name, None)
+        if name in saved_model and _v(saved_model[name]) != _v(have):
+            raise UserError(
+                f"checkpoint was saved with model.{name}={saved_model[name]}, this run has "
+                f"{have}; a checkpoint only loads into the same model"
+            )
+    old = saved.get("layout", {})
+    if old.get("optimizer_sharding", "none") != layout.optimizer_sharding:
+        raise UserError(
+            f"checkpoint: parallel.optimizer_sharding changed ({old.get('optimizer_sharding')} -> "
+            f"{layout.optimizer_sharding}); the optimizer state cannot be converted"
+        )
+    return [d for d in _LAYOUT_DIMS if d in old and old[d] != getattr(layout, d)]
+
+
+@contextlib.contextmanager
+def _weights_only_loads() -> Iterator[None]:
+    """Force `torch.load(weights_only=True)` for every load inside (megatron's common.pt)."""
+    old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = old
+
+
+def sharded_state_dict(state: Any, *, is_loading: bool) -> dict[str, Any]:
+    """megatron's sharded state dict of the model chunks (unwrapped from DDP) and optimizer."""
+    chunks = [_unwrap(m) for m in state.model]
+    sd: dict[str, Any] = {}
+    if len(chunks) == 1:
+        sd["model"] = chunks[0].sharded_state_dict()
+    else:
+        for i, chunk in enumerate(chunks):
+            sd[f"model{i}"] = chunk.sharded_state_dict()
+    sd["optimizer"] = state.optimizer.sharded_state_dict(sd, is_loading=is_loading)
+    return sd
+
+
+def _write_rank_files(ckpt_dir: Path, rank: int, rng: dict[str, Any], train_state: Any) -> None:
+    """Write this rank's JSON files, fsync them and its shards, then its completion marker."""
+    store.write_json_durable(ckpt_dir / store.RNG_DIR / f"rank_{rank}.json", rng)
+    if train_state is not None:
+        store.write_json_durable(ckpt_dir / store.TRAIN_STATE, train_state)
+    store.write_rank_marker(ckpt_dir, rank, store.rank_files(ckpt_dir, rank))
+
+
+def _wrapped_async_fn(
+    fn: Any, ckpt_dir: Path, rank: int, rng: dict[str, Any], train_state: Any
+) -> Any:
+    """megatron's write function followed by llmctl's per-rank files and marker."""
+
+    def run(*args: Any, **kwargs: Any) -> None:
+        for sig in PREEMPT_SIGNALS:  # a forked writer must die on SIGTERM, not set our flag
+            signal.signal(sig, signal.SIG_DFL)
+        if fn is not None:
+            fn(*args, **kwargs)
+        _write_rank_files(ckpt_dir, rank, rng, train_state)
+
+    return run
+
+
+class DistCheckpointer:
+    """Checkpoint policy of one rank; implements the loop's `Checkpointer` seam.
+
+    Args:
+        cfg: The resolved `RootConfig` (`cfg.checkpoint` holds the policy).
+        run_dir: The run directory; checkpoints go to `run_dir/checkpoints`.
+        plan: The plan dict recorded in each checkpoint.
+    """
+
+    def __init__(self, cfg: Any, run_dir: Path, plan: dict[str, Any] | None = None) -> None:
+        import torch.distributed as dist
+
+        self.cfg, self.policy, self.plan = cfg, cfg.checkpoint, plan or {}
+        self.root = Path(run_dir) / "checkpoints"
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.enabled = self.policy.interval > 0
+        self.queue: Any = None
+        self.pending: _Pending | None = None
+        self.last_saved: int | None = None
+        self.failed_attempts = 0
+        self.failed_saves = 0
+        self.retry_next = False
+        self.signal: int | None = None
+        self.validated_once = False
+        self.blocked_s: list[float] = []
+        self.loaded_step: int | None = None
+        if self.enabled:
+            self._install_handlers()
+
+    # ----- collectives (no-ops with one rank) -----
+    def _all_max(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _bcast(self, obj: Any) -> Any:
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # ----- signals -----
+    def _install_handlers(self) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in PREEMPT_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        del frame
+        if self.signal is None:
+            log.warning("received %s: checkpointing after this step", signal.Signals(signum).name)
+        self.signal = signum
+
+    # ----- seam -----
+    def load(self, state: Any) -> None:
+        """Restore `state` from the newest complete checkpoint (skipping invalid ones)."""
+        if self.enabled:
+            check_optimizer_checkpointable(state.layout)
+        if not self.policy.load:
+            return
+        found = None
+        if self.rank == 0:
+            store.clean_stale(self.root)
+            valid, skipped = store.newest_valid(self.root, full=True)
+            for v in skipped:
+                log.warning("checkpoint %s is invalid (%s); skipping it", v.path.name, v.reason)
+            found = None if valid is None else valid.step
+        found = self._bcast(found)
+        if found is None:
+            return
+        self.load_from(state, self.root / store.iter_name(found))
+
+    def load_from(self, state: Any, ckpt_dir: Path) -> None:
+        """Load one (validated) checkpoint directory into `state`."""
+        from megatron.core import dist_checkpointing
+
+        t0 = time.perf_counter()
+        saved = json.loads((ckpt_dir / store.TRAIN_STATE).read_text())
+        changed = check_compatible(saved, self.cfg, state.layout)
+        sd = sharded_state_dict(state, is_loading=True)
+        try:
+            with _weights_only_loads():
+                loaded = dist_checkpointing.load(sd, str(ckpt_dir))
+        except Exception as e:
+            dims = ", ".join(f"{d} {saved['layout'][d]}->{getattr(state.layout, d)}" for d in changed)
+            hint = f" (layout changed: {dims}; megatron-core cannot reshard this)" if dims else ""
+            raise UserError(f"cannot load checkpoint {ckpt_dir}{hint}: {e}") from e
+        self._apply(state, loaded, saved, ckpt_dir, changed)
+        log.info(
+            "resumed from %s (step %d, %d samples) in %.2f s%s", ckpt_dir.name, saved["step"],
+            saved["consumed_samples"], time.perf_counter() - t0,
+            f"; resharded {', '.join(changed)}" if changed else "",
+        )  # fmt: skip
+
+    def _apply(self, state: Any, loaded: dict[str, Any], saved: dict[str, Any],
+               ckpt_dir: Path, changed: list[str]) -> None:  # fmt: skip
+        chunks = [_unwrap(m) for m in state.model]
+        if len(chunks) == 1:
+            chunks[0].load_state_dict(loaded["model"])
+        else:
+            for i, chunk in enumerate(chunks):
+                chunk.load_state_dict(loaded[f"model{i}"])
+        state.optimizer.load_state_dict(loaded["optimizer"])
+        sched = state.scheduler
+        if hasattr(sched, "override_opt_param_scheduler"):
+            sched.override_opt_param_scheduler = True  # this run's config wins; steps restored
+        sched.load_state_dict(saved["scheduler"])
+        state.set_position(int(saved["step"]), int(saved["consumed_samples"]))
+        if not changed and saved.get("world_size") == self.world:
+            restore_rng(json.loads((ckpt_dir / store.RNG_DIR / f"rank_{self.rank}.json").read_text()))
+        elif self.rank == 0:
+            log.warning("layout changed: RNG states start from this run's seeds, not the checkpoint's")
+        self.last_saved = self.loaded_step = int(saved["step"])
+
+    def after_step(self, state: Any) -> None:
+        """Finalize finished async saves, handle preemption, save when due."""
+        if not self.enabled:
+            return
+        if self.pending is not None:
+            self._finalize(blocking=False)
+        signum = self._all_max(self.signal or 0)
+        if signum:
+            self._preempt(state, signum)
+        if state.step % self.policy.interval == 0 or self.retry_next:
+            self.save(state, use_async=self.policy.async_save)
+        if self.failed_saves >= self.policy.max_failed_saves:
+            self._stop_failed()
+
+    def close(self, state: Any) -> None:
+        """Final save (if this step is not saved yet) and wait for every write."""
+        if not self.enabled:
+            return
+        self.wait()
+        if self.last_saved != state.step:
+            self.save(state, use_async=False)
+        self.wait()
+        if self.queue is not None:
+            self.queue.close()
+            self.queue = None
+
+    # ----- saving -----
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed or has failed."""
+        if self.pending is not None:
+            self._finalize(blocking=True)
+
+    def _header(self, state: Any) -> dict[str, Any]:
+        from llmctl.config import cfg_to_yaml
+
+        return {
+            "step": state.step,
+            "consumed_samples": state.consumed_samples,
+            "world_size": self.world,
+            "layout": state.layout.as_dict(),
+            "model": {k: _v(getattr(self.cfg.model, k, None)) for k in _ARCH_FIELDS},
+            "versions": versions(),
+            "backend": "torch_dist",
+            "created_unix": time.time(),
+        } | {"config_yaml": cfg_to_yaml(self.cfg)}
+
+    def _train_state(self, state: Any, header: dict[str, Any]) -> dict[str, Any]:
+        return header | {
+            "scheduler": state.scheduler.state_dict(),
+            "data": [it.state_dict() for it in state.train_iters],
+            "plan": self.plan,
+        }
+
+    def _prepare_dir(self, step: int) -> tuple[Path, str | None]:
+        """Rank 0 creates the temp directory; every rank learns whether that worked."""
+        import shutil
+
+        tmp = self.root / f"{store.TMP_PREFIX}{store.iter_name(step)}"
+        error = None
+        if self.rank == 0:
+            try:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                (tmp / store.RNG_DIR).mkdir(parents=True)
+                store.write_json_durable(tmp / ".probe.json", {"step": step})
+                (tmp / ".probe.json").unlink()
+            except OSError as e:
+                error = f"{type(e).__name__}: {e}"
+        return tmp, self._bcast(error)
+
+    def save(self, state: Any, *, use_async: bool) -> None:
+        """Start (async) or perform (sync) a save of the current step. Never raises on I/O."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        self.retry_next = False
+        if self.pending is not None:
+            self._finalize(blocking=True)
+        t0 = time.perf_counter()
+        tmp, error = self._prepare_dir(state.step)
+        if error is not None:
+            self._record_failure(state.step, tmp, error)
+            return
+        header = self._header(state)
+        pending = _Pending(step=state.step, tmp_dir=tmp, started=t0)
+        try:
+            req = dist_checkpointing.save(
+                sharded_state_dict(state, is_loading=False),
+                str(tmp),
+                async_sharded_save=True,
+                validate_access_integrity=not self.validated_once,
+            )
+        except Exception as e:
+            self._record_failure(state.step, tmp, f"{type(e).__name__}: {e}")
+            return
+        self.validated_once = True
+        train_state = self._train_state(state, header) if self.rank == 0 else None
+        fn = _wrapped_async_fn(req.async_fn, tmp, self.rank, capture_rng(), train_state)
+        req = req._replace(async_fn=fn)
+        req.add_finalize_fn(lambda: self._commit(pending, header))
+        self.pending = pending
+        if use_async:
+            if self.queue is None:
+                self.queue = AsyncCallsQueue(persistent=False)
+            self.queue.schedule_async_request(req)
+        else:
+            try:
+                req.execute_sync()
+            except Exception as e:
+                pending.error = f"{type(e).__name__}: {e}"
+            self._settle()
+        self.blocked_s.append(time.perf_counter() - t0)
+
+    def _commit(self, pending: _Pending, header: dict[str, Any]) -> None:
+        """Finalize step on every rank: rank 0 commits, all ranks learn the outcome."""
+        error = None
+        if self.rank == 0:
+            try:
+                manifest = store.build_manifest(pending.tmp_dir, self.world, header)
+                store.commit(self.root, pending.tmp_dir, pending.step, manifest)
+                gone = store.apply_retention(self.root, self.policy.keep_last, self.policy.keep_every)
+                if gone:
+                    log.info("retention removed checkpoints of steps %s", gone)
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+        error = self._bcast(error)
+        pending.committed, pending.error = error is None, error
+
+    def _finalize(self, *, blocking: bool) -> None:
+        assert self.queue is not None and self.pending is not None
+        try:
+            done = self.queue.maybe_finalize_async_calls(blocking=blocking)
+        except Exception as e:  # megatron raises the same CheckpointException on every rank
+            done, self.pending.error = [0], f"{type(e).__name__}: {e}"
+        if done or blocking:
+            self._settle()
+
+    def _settle(self) -> None:
+        pending, self.pending = self.pending, None
+        assert pending is not None
+        if pending.committed:
+            self.last_saved, self.failed_attempts, self.failed_saves = pending.step, 0, 0
+            log.info(
+                "checkpoint %s committed (%.2f s after start)",
+                store.iter_name(pending.step), time.perf_counter() - pending.started,
+            )  # fmt: skip
+        else:
+            self._record_failure(pending.step, pending.tmp_dir, pending.error or "unknown error")
+
+    def _record_failure(self, step: int, tmp: Path, error: str) -> None:
+        import shutil
+
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.failed_attempts += 1
+        if self.failed_attempts <= self.policy.save_retries:
+            self.retry_next = True
+            log.error("checkpoint at step %d failed (%s); retrying at the next step", step, error)
+            return
+        self.failed_attempts = 0
+        self.failed_saves += 1
+        log.error(
+            "checkpoint at step %d failed (%s); %d consecutive failed saves (stop at %d)",
+            step, error, self.failed_saves, self.policy.max_failed_saves,
+        )  # fmt: skip
+
+    def _stop_failed(self) -> None:
+        msg = (
+            f"stopping: {self.failed_saves} consecutive checkpoint saves failed "
+            f"(checkpoint.max_failed_saves={self.policy.max_failed_saves}); the newest complete "
+            f"checkpoint is step {self.last_saved}; fix the storage and resume"
+        )
+        log.error(msg)
+        raise TrainingStopped(EXIT_SAVE_FAILED, msg)
+
+    def _preempt(self, state: Any, signum: int) -> None:
+        self.wait()
+        if self.last_saved != state.step:
+            self.save(state, use_async=False)
+        code = preempt_exit_code(signum)
+        msg = (
+            f"preempted by {signal.Signals(signum).name} at step {state.step}; newest checkpoint "
+            f"is step {self.last_saved}; exiting with {code} so the job can be requeued"
+        )
+        log.warning(msg)
+        if self.queue is not None:
+            self.queue.close()
+            self.queue = None
+        raise TrainingStopped(code, msg)
+
+
+def make_checkpointer(cfg: Any, run_dir: Path, plan: dict[str, Any] | None = None) -> Any:
+    """The checkpointer for a run: `DistCheckpointer` unless checkpointing is off entirely."""
+    from llmctl.train.loop import NullCheckpointer
+
+    root = Path(run_dir) / "checkpoints"
+    if cfg.checkpoint.interval > 0 or (cfg.checkpoint.load and store.committed_steps(root)):
+        return DistCheckpointer(cfg, Path(run_dir), plan)
+    return NullCheckpointer()

@@ -1,0 +1,43 @@
+"""Checks a launcher runs before starting any training process (no torch import).
+
+Everything a user can get wrong and fix is checked here and raised as a one-line `UserError`:
+a layout the world size cannot hold, a GPU-only precision on a CPU cluster, a missing or
+unreadable data prefix, a tokenizer larger than the model's vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmctl.train.data import DataSpec, resolve_data
+from llmctl.train.layout import TrainLayout, resolve_layout
+from llmctl.train.precision import PrecisionRecipe, check_precision
+
+
+@dataclass(frozen=True, slots=True)
+class Preflight:
+    """What the checks resolved."""
+
+    layout: TrainLayout
+    precision: PrecisionRecipe
+    data: DataSpec
+
+
+def preflight(
+    cfg: Any, world_size: int | None = None, planned: dict[str, Any] | None = None
+) -> Preflight:
+    """Check a run before launch; builds the demo corpus if the data config asks for it.
+
+    Args:
+        cfg: The resolved `RootConfig`.
+        world_size: Number of ranks that will be launched (None = from the layout).
+        planned: The plan's chosen layout, if any.
+
+    Raises:
+        UserError: On the first problem found.
+    """
+    layout = resolve_layout(cfg, world_size, planned)
+    on_gpu = str(cfg.cluster.device) == "cuda"
+    recipe = check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
+    return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))

@@ -1,0 +1,262 @@
+"""Run a whole training job on this rank: build, train, validate, observe, report.
+
+`train()` expects `torch.distributed` started (`parallel.init_distributed`); `run_in_process`
+does that for one rank so tests and notebooks can train without torchrun.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from llmctl.train.layout import TrainLayout, resolve_layout
+from llmctl.train.loop import Checkpointer, NullCheckpointer, Trainer, TrainResult
+from llmctl.train.metrics import (
+    MetricsLog,
+    PerfReport,
+    StepMetrics,
+    flops_per_token,
+    peak_tflops_for,
+    steady_state_step_s,
+    write_perf,
+)
+
+log = logging.getLogger("llmctl.train")
+
+
+def _v(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def _mem_gib(on_gpu: bool) -> float | None:
+    """Peak device memory (GPU) or peak host RSS (CPU), GiB."""
+    if on_gpu:
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def predicted_from_plan(plan: dict[str, Any] | None) -> dict[str, float | None]:
+    """Predicted step time, tokens/s and peak memory from a plan.json dict (None if absent)."""
+    keys = {
+        "step_s": ("step_time_s", "predicted_step_s"),
+        "peak_mem_gib": ("peak_mem_gib", "peak_memory_gib", "predicted_peak_mem_gib"),
+        "tokens_per_s": ("tokens_per_s", "predicted_tokens_per_s"),
+    }
+    sources = [plan or {}]
+    for k in ("chosen", "best", "prediction", "estimate"):
+        if isinstance((plan or {}).get(k), dict):
+            sources.insert(0, plan[k])  # type: ignore[index]
+    out: dict[str, float | None] = {}
+    for name, candidates in keys.items():
+        out[name] = next(
+            (float(s[c]) for s in sources for c in candidates if s.get(c) is not None), None
+        )
+    return out
+
+
+class _Observer:
+    """Rank 0's metrics file, panel and wandb; a no-op on other ranks."""
+
+    def __init__(self, cfg: Any, run_dir: Path, layout: TrainLayout, on_gpu: bool, rank: int):
+        from llmctl.train.panel import Panel
+
+        self.rank0 = rank == 0
+        self.on_gpu = on_gpu
+        self.tokens_per_step = layout.global_batch_size * cfg.model.seq_length
+        self.flops_per_step = flops_per_token(cfg.model) * self.tokens_per_step
+        self.num_devices = layout.world_size
+        self.peak = peak_tflops_for(cfg.cluster, _v(cfg.precision.dtype))
+        self.total = cfg.train.train_iters
+        self.step_times: list[float] = []
+        self.losses: list[float] = []
+        self.val_losses: dict[int, float] = {}
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl") if self.rank0 else None
+        mem_label = "GPU mem GiB" if on_gpu else "host RSS GiB"
+        self.panel = Panel(f"llmctl train: {cfg.recipe or cfg.model.name}", self.total, mem_label)
+        self.wandb = _start_wandb(cfg, run_dir) if self.rank0 else None
+
+    def step(self, step: int, loss: float, grad_norm: float | None, lr: float, dt: float,
+             consumed: int, val_loss: float | None, log_now: bool) -> None:
+        self.step_times.append(dt)
+        self.losses.append(loss)
+        if val_loss is not None:
+            self.val_losses[step] = val_loss
+        if not self.rank0 or not log_now:
+            return
+        tflops = self.flops_per_step / dt / self.num_devices / 1e12
+        m = StepMetrics(
+            step=step,
+            loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            step_time_s=dt,
+            tokens_per_s=self.tokens_per_step / dt,
+            tflops_per_device=tflops,
+            mfu=None if not self.peak else tflops / self.peak,
+            mem_gib=_mem_gib(self.on_gpu),
+            consumed_samples=consumed,
+            val_loss=val_loss,
+        )
+        assert self.metrics is not None
+        self.metrics.write(asdict(m))
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in asdict(m).items() if v is not None}, step=step)
+        eta = steady_state_step_s(self.step_times) * (self.total - step)
+        self.panel.update(m, eta)
+
+    def report(self, cfg: Any, layout: TrainLayout, plan: dict[str, Any] | None) -> PerfReport:
+        step_s = steady_state_step_s(self.step_times)
+        pred = predicted_from_plan(plan)
+        tflops = self.flops_per_step / step_s / self.num_devices / 1e12
+        return PerfReport(
+            cluster=cfg.cluster.name,
+            layout=layout.as_dict(),
+            dtype=_v(cfg.precision.dtype),
+            num_devices=self.num_devices,
+            predicted_step_s=pred["step_s"],
+            measured_step_s=step_s,
+            predicted_peak_mem_gib=pred["peak_mem_gib"],
+            measured_peak_mem_gib=_mem_gib(True) if self.on_gpu else None,
+            tokens_per_s=self.tokens_per_step / step_s,
+            predicted_tokens_per_s=pred["tokens_per_s"]
+            or (self.tokens_per_step / pred["step_s"] if pred["step_s"] else None),
+            tflops_per_device=tflops,
+            mfu=None if not self.peak else tflops / self.peak,
+            steps_measured=len(self.step_times),
+        )
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _start_wandb(cfg: Any, run_dir: Path) -> Any:
+    """Weights & Biases run (offline unless WANDB_MODE says otherwise); None if not installed."""
+    import os
+
+    if os.environ.get("LLMCTL_WANDB", "auto") == "off":
+        return None
+    try:
+        import wandb
+    except ImportError:
+        return None
+    from llmctl.config import cfg_to_yaml
+
+    import yaml
+
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "llmctl"),
+        name=run_dir.name,
+        dir=str(run_dir),
+        mode=os.environ.get("WANDB_MODE", "offline"),
+        config=yaml.safe_load(cfg_to_yaml(cfg)),
+    )
+
+
+def train(
+    cfg: Any,
+    run_dir: Path,
+    *,
+    data_spec: Any = None,
+    plan: dict[str, Any] | None = None,
+    checkpointer: Checkpointer | None = None,
+) -> TrainResult:
+    """Train on this rank (torch.distributed already started). Writes metrics and perf files.
+
+    Args:
+        cfg: The resolved `RootConfig`.
+        run_dir: The run directory (exists; holds config.yaml).
+        data_spec: Checked data inputs; None = `data.resolve_data(cfg)` here.
+        plan: The plan dict (plan.json), for the layout and the predicted numbers.
+        checkpointer: Checkpoint policy; None = no checkpoints.
+    """
+    import torch.distributed as dist
+
+    from llmctl.train import data as data_mod
+    from llmctl.train import parallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layout = resolve_layout(cfg, world, (plan or {}).get("layout"))
+    on_gpu = parallel.init_distributed().on_gpu
+    parallel.init_model_parallel(layout, cfg.train.seed, on_gpu)
+    if data_spec is None:
+        data_spec = _resolve_data_rank0_first(cfg, rank)
+    trainer = Trainer(cfg, layout, run_dir, data_spec)
+    ckpt = checkpointer or NullCheckpointer()
+    ckpt.load(trainer.state)
+    obs = _Observer(cfg, run_dir, layout, on_gpu, rank)
+    t = cfg.train
+    try:
+        with obs.panel:
+            while trainer.state.step < t.train_iters:
+                t0 = time.perf_counter()
+                loss, grad_norm = trainer.train_step()
+                trainer.sync()
+                dt = time.perf_counter() - t0
+                step = trainer.state.step
+                val = None
+                if t.eval_interval > 0 and (step % t.eval_interval == 0 or step == t.train_iters):
+                    val = trainer.evaluate()
+                log_now = step % max(t.log_interval, 1) == 0 or step == t.train_iters
+                obs.step(step, loss, grad_norm, trainer.current_lr(), dt,
+                         trainer.state.consumed_samples, val, log_now)
+                ckpt.after_step(trainer.state)
+        ckpt.close(trainer.state)
+        report = obs.report(cfg, layout, plan)
+        if rank == 0:
+            write_perf(run_dir, report)
+    finally:
+        obs.close()
+    parallel.teardown(destroy_process_group=False)
+    return TrainResult(
+        run_dir=run_dir,
+        steps=trainer.state.step,
+        losses=obs.losses if rank == 0 else [math.nan] * len(obs.losses),
+        val_losses=obs.val_losses,
+        perf=report.as_dict(),
+    )
+
+
+def _resolve_data_rank0_first(cfg: Any, rank: int) -> Any:
+    """Rank 0 resolves (and may build the demo corpus) first; the others then reuse the cache."""
+    import torch.distributed as dist
+
+    from llmctl.train.data import resolve_data
+
+    spec = resolve_data(cfg) if rank == 0 else None
+    dist.barrier()
+    return spec if spec is not None else resolve_data(cfg)
+
+
+def run_in_process(
+    cfg: Any, run_dir: str | Path, *, checkpointer: Checkpointer | None = None
+) -> TrainResult:
+    """Train with one rank inside this process (starts and stops a one-rank gloo/NCCL group).
+
+    Args:
+        cfg: The resolved `RootConfig` (its layout must have world size 1).
+        run_dir: Run directory (created if missing; config.yaml written if absent).
+        checkpointer: Checkpoint policy; None = no checkpoints.
+    """
+    import torch.distributed as dist
+
+    from llmctl.train import parallel
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    created = not dist.is_initialized()
+    parallel.init_distributed()
+    try:
+        return train(cfg, run_dir, checkpointer=checkpointer)
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()

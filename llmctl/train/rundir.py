@@ -1,0 +1,64 @@
+"""Run directories: one per run, holding everything needed to understand or resume it.
+
+Layout::
+
+    RUN_DIR/
+      config.yaml       resolved config (llmctl.config.cfg_to_yaml; reload with load_resolved)
+      plan.json         the plan the run used (layout, predictions), or {} when none
+      metrics.jsonl     one JSON object per logged step (rank 0)
+      perf.json/.md     predicted vs measured table, written at the end
+      logs/             one log file per rank (rank0.log, ...)
+      checkpoints/      checkpoints (issue 5), one subdirectory per saved step
+
+Pure Python (no torch): the launcher calls `create_run_dir` before starting processes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "config.yaml"
+PLAN_FILE = "plan.json"
+METRICS_FILE = "metrics.jsonl"
+LOGS_DIR = "logs"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def default_run_dir(recipe: str, now: datetime | None = None, root: Path = Path("runs")) -> Path:
+    """runs/<recipe>-<UTC timestamp>, e.g. runs/tiny_cpu-20261130T041500Z."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return root / f"{recipe or 'run'}-{stamp}"
+
+
+def create_run_dir(cfg: Any, plan: dict[str, Any] | None) -> Path:
+    """Create the run directory and write config.yaml and plan.json into it.
+
+    Args:
+        cfg: The resolved `RootConfig`. `cfg.train.run_dir` None = `default_run_dir(cfg.recipe)`;
+            the chosen path is stored back into `cfg.train.run_dir` before it is written.
+        plan: The plan dict to record (layout, predictions), or None.
+
+    Returns:
+        The run directory path.
+    """
+    from llmctl.config import cfg_to_yaml
+
+    run_dir = Path(cfg.train.run_dir) if cfg.train.run_dir else default_run_dir(cfg.recipe)
+    cfg.train.run_dir = str(run_dir)
+    for sub in ("", LOGS_DIR, CHECKPOINTS_DIR):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(cfg_to_yaml(cfg))
+    (run_dir / PLAN_FILE).write_text(json.dumps(plan or {}, indent=2, default=str) + "\n")
+    return run_dir
+
+
+def read_plan(run_dir: Path) -> dict[str, Any]:
+    """The plan dict of a run directory ({} when absent)."""
+    path = run_dir / PLAN_FILE
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text() or "{}")
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,43 @@
+"""The known-GPU table: name matching and datasheet structure."""
+
+import pytest
+
+from llmctl.topology import KNOWN_GPUS, match_gpu
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "a100_80gb_sxm"),
+        ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+        ("NVIDIA H200", "h200_sxm"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA GB200", "gb200"),
+        ("h100_sxm", "h100_sxm"),
+    ],
+)
+def test_nvml_names_match(name: str, key: str) -> None:
+    gpu = match_gpu(name)
+    assert gpu is not None and gpu.key == key
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+     "NVIDIA H200 NVL", "NVIDIA GeForce RTX 4090", "Tesla V100-SXM2-32GB"],
+)  # fmt: skip
+def test_other_variants_do_not_match(name: str) -> None:
+    assert match_gpu(name) is None
+
+
+@pytest.mark.parametrize("gpu", KNOWN_GPUS, ids=lambda g: g.key)
+def test_dense_rates_follow_the_tensor_core_ladder(gpu) -> None:
+    peaks = gpu.peak_tflops
+    assert peaks["bf16"] == peaks["fp16"]
+    assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.03)
+    assert peaks["fp32"] < peaks["tf32"]
+    if "fp8" in peaks:
+        assert peaks["fp8"] == 2 * peaks["bf16"]
+    if "fp4" in peaks:
+        assert peaks["fp4"] == 2 * peaks["fp8"]
+    assert gpu.nvlink_bandwidth_gbps * 2 in (600.0, 900.0, 1800.0)
