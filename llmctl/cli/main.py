@@ -40,10 +40,11 @@ def _root(
 
 def _register() -> None:
     """Attach every command group. Each line imports one light CLI module."""
-    from llmctl.cli import recipes, topo
+    from llmctl.cli import plan, recipes, topo
 
     app.add_typer(recipes.app, name="recipes")
     app.command(name="topo")(topo.topo)
+    app.command(name="plan")(plan.plan)
     from llmctl.cli import train as train_cli
 
     app.command(name="train")(train_cli.train)
@@ -51,6 +52,13 @@ def _register() -> None:
 
     app.command(name="status")(jobs.status)
     app.command(name="logs")(jobs.logs)
+    from llmctl.cli import data
+
+    app.add_typer(data.app, name="data")
+    from llmctl.cli import quant
+
+    app.add_typer(quant.export_app, name="export")
+    app.command(name="quantize")(quant.quantize)
 
 
 _register()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -57,13 +58,24 @@ def train(
     from llmctl.launch.api import execute_train, prepare_train
 
     recipe, overrides = split_recipe(args)
-    flags = flag_overrides(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, dp=dp, mbs=mbs, gbs=gbs,
-                           nodes=nodes, gpus_per_node=gpus_per_node)  # fmt: skip
+    flags = flag_overrides(
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        ep=ep,
+        dp=dp,
+        mbs=mbs,
+        gbs=gbs,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+    )
     launch = prepare_train(recipe, overrides + flags, cluster_file=cluster_file, force=force)
     if dry_run:
         _print_dry_run(launch, as_json)
         return
-    result = execute_train(launch)
+    # With --json, stdout carries only the JSON result; the run's output goes to stderr.
+    result = execute_train(launch, echo=sys.stderr if as_json else None)
     _print_result(result, as_json)
     if result.get("exit_code"):
         raise typer.Exit(int(result["exit_code"]))

@@ -99,27 +99,38 @@ def plan_input(cfg: RootConfig) -> PlanInput:
     """Everything the planner needs, frozen."""
     p, s = cfg.parallel, cfg.plan
     constraints = Constraints(
-        tp=p.tp, pp=p.pp, vpp=p.vpp, cp=p.cp, ep=p.ep, dp=p.dp,
-        micro_batch_size=p.micro_batch_size, sequence_parallel=p.sequence_parallel,
+        tp=p.tp,
+        pp=p.pp,
+        vpp=p.vpp,
+        cp=p.cp,
+        ep=p.ep,
+        dp=p.dp,
+        micro_batch_size=p.micro_batch_size,
+        sequence_parallel=p.sequence_parallel,
         recompute=Recompute(str(p.recompute)) if p.recompute is not None else None,
         sharding=Sharding(str(p.optimizer_sharding)) if p.optimizer_sharding is not None else None,
         allow_tp_outside_nvlink=p.allow_tp_outside_nvlink,
-    )  # fmt: skip
+    )
     search = SearchSpec(
         top_k=s.top_k,
         headroom_fraction=s.headroom_fraction,
         micro_batch_sizes=tuple(s.micro_batch_sizes),
         allow_uneven_pp=s.allow_uneven_pp,
     )
-    return PlanInput(model=model_spec(cfg), cluster=cluster_spec(cfg), run=run_spec(cfg),
-                     constraints=constraints, search=search)  # fmt: skip
+    return PlanInput(
+        model=model_spec(cfg),
+        cluster=cluster_spec(cfg),
+        run=run_spec(cfg),
+        constraints=constraints,
+        search=search,
+    )
 
 
 def load_perf_record(run_dir: str | Path) -> PerfRecord:
     """Read RUN_DIR/perf.json (written by `llmctl train`) into a `PerfRecord`."""
     path = Path(run_dir) / "perf.json"
     if not path.is_file():
-        raise UserError(f"{path} does not exist (run `llmctl train` first, or pick a run dir)")
+        raise UserError(f"no perf.json in {run_dir} (written by `llmctl train`)")
     try:
         data = json.loads(path.read_text())
         return PerfRecord(
@@ -148,8 +159,13 @@ def plan_config(cfg: RootConfig, calibrate_dirs: list[str] | None = None) -> Pla
     inp = plan_input(cfg)
     if calibrate_dirs:
         records = [load_perf_record(d) for d in calibrate_dirs]
-        inp = PlanInput(model=inp.model, cluster=calibrate(inp.cluster, records), run=inp.run,
-                        constraints=inp.constraints, search=inp.search)  # fmt: skip
+        inp = PlanInput(
+            model=inp.model,
+            cluster=calibrate(inp.cluster, records),
+            run=inp.run,
+            constraints=inp.constraints,
+            search=inp.search,
+        )
     try:
         return plan(inp)
     except ValueError as exc:

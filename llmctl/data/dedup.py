@@ -148,7 +148,15 @@ class DedupConfig:
             raise UserError("dedup needs an output folder (or --dry-run)")
 
 
-_RUN_ONLY = {"inputs", "output_dir", "num_workers", "dry_run", "num_examples", "on_error"}
+_RUN_ONLY = {
+    "inputs",
+    "output_dir",
+    "num_workers",
+    "dry_run",
+    "num_examples",
+    "on_error",
+    "chunk_bytes",
+}
 
 
 # ---------------------------------------------------------------- step 1: signatures

@@ -21,7 +21,7 @@ import os
 import queue
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from llmctl.data.readers import (
     DEFAULT_MAX_DOC_BYTES,
     BadInputError,
     Chunk,
+    Document,
     OnError,
     ProblemLog,
     discover,
@@ -69,7 +70,9 @@ class PreprocessConfig:
     chunk_bytes: int = 32 << 20
     """Input bytes per work unit; bounds worker memory."""
     batch_docs: int = 512
-    """Documents tokenized per call."""
+    """Documents tokenized per call, at most."""
+    batch_bytes: int = 1 << 20
+    """Text bytes tokenized per call, about (bounds the tokenizer's working memory)."""
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
     """Documents larger than this are bad input."""
     model_vocab_size: int | None = None
@@ -141,6 +144,20 @@ def _encode_batch(texts: list[str], tok: Tokenizer, append_eod: bool, dtype: typ
     return flat, lengths
 
 
+def _batches(docs: Iterator[Document], max_docs: int, max_bytes: int) -> Iterator[list[Document]]:
+    """Group documents so that one tokenizer call sees at most max_docs or about max_bytes."""
+    batch: list[Document] = []
+    size = 0
+    for doc in docs:
+        batch.append(doc)
+        size += doc.num_bytes
+        if len(batch) >= max_docs or size >= max_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def _run_chunk(chunk: Chunk) -> dict[str, Any]:
     """Tokenize one chunk into `shard_<index>`; return its counts (also saved as .done)."""
     tok, q, cfg, dtype = _WORKER["tok"], _WORKER["q"], _WORKER["cfg"], _WORKER["dtype"]
@@ -156,7 +173,7 @@ def _run_chunk(chunk: Chunk) -> dict[str, Any]:
         max_doc_bytes=cfg.max_doc_bytes,
     )
     counts = {"docs": 0, "tokens": 0, "bytes": 0}
-    while batch := list(itertools.islice(docs, cfg.batch_docs)):
+    for batch in _batches(docs, cfg.batch_docs, cfg.batch_bytes):
         flat, lengths = _encode_batch([d.text for d in batch], tok, cfg.append_eod, dtype)
         writer.add_documents(flat, lengths)
         nbytes = sum(d.num_bytes for d in batch)

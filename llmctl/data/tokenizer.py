@@ -207,3 +207,55 @@ def batched(texts: Iterable[str], size: int) -> Iterator[list[str]]:
             batch = []
     if batch:
         yield batch
+
+
+def train_tokenizer(
+    inputs: list[str],
+    out_dir: str | Path,
+    *,
+    vocab_size: int = 4096,
+    text_field: str = "text",
+    min_frequency: int = 2,
+    on_error: str = "fail",
+) -> dict[str, Any]:
+    """Train a byte-level BPE tokenizer on the documents of `inputs`; return a summary.
+
+    Raises:
+        UserError: bad input under on_error=fail, or no documents.
+    """
+    from llmctl.data.readers import (
+        BadInputError,
+        OnError,
+        ProblemLog,
+        discover,
+        iter_documents,
+        plan_chunks,
+    )
+
+    chunks, _ = plan_chunks(discover(list(inputs)))
+    log, counts = ProblemLog(), {"docs": 0, "bytes": 0}
+
+    def texts() -> Iterator[str]:
+        for chunk in chunks:
+            for doc in iter_documents(
+                chunk, text_field=text_field, on_error=OnError(on_error), log=log
+            ):
+                counts["docs"] += 1
+                counts["bytes"] += doc.num_bytes
+                yield doc.text
+
+    try:
+        path = train_bpe(texts(), out_dir, vocab_size=vocab_size, min_frequency=min_frequency)
+    except BadInputError as e:
+        raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
+    if counts["docs"] == 0:
+        raise UserError(f"no documents in {', '.join(inputs)}")
+    tok = Tokenizer(TokenizerSpec(path, TokenizerKind.HF))
+    return {
+        "tokenizer": str(path),
+        "vocab_size": tok.vocab_size,
+        "eod": tok.eod,
+        "num_docs": counts["docs"],
+        "num_bytes": counts["bytes"],
+        "problems": log.as_dict(),
+    }

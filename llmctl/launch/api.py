@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.hostfile import read_hostfile
@@ -50,10 +50,16 @@ class TrainLaunch:
             out["env"] = self.env
         elif self.kind == "torchrun":
             out["nodes"] = [
-                {"host": n.host, "node_rank": n.node_rank, "command": list(n.argv),
-                 "env": n.env, "secrets": list(n.secrets), "ssh": list(n.ssh_argv)}
+                {
+                    "host": n.host,
+                    "node_rank": n.node_rank,
+                    "command": list(n.argv),
+                    "env": n.env,
+                    "secrets": list(n.secrets),
+                    "ssh": list(n.ssh_argv),
+                }
                 for n in self.nodes
-            ]  # fmt: skip
+            ]
         else:
             out["sbatch"] = self.sbatch
         return out
@@ -78,8 +84,9 @@ def prepare_train(
     layout = resolve_layout(cfg, None, plan.get("layout"))
     run_dir = Path(cfg.train.run_dir or default_run_dir(cfg.recipe)).resolve()
     cfg.train.run_dir = str(run_dir)
-    launch = TrainLaunch(cfg=cfg, kind=str(cfg.launcher.kind), run_dir=run_dir, layout=layout,
-                         plan=plan)  # fmt: skip
+    launch = TrainLaunch(
+        cfg=cfg, kind=str(cfg.launcher.kind), run_dir=run_dir, layout=layout, plan=plan
+    )
     _render(launch)
     return launch
 
@@ -107,27 +114,63 @@ def _render(launch: TrainLaunch) -> None:
 
 
 def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
-    """Ask the planner about the configured layout; refuse a predicted misfit unless forced.
+    """Plan the configured layout; refuse a predicted misfit unless forced.
+
+    On CPU clusters ranks are processes, so `cluster.gpus_per_node` follows the ranks the run
+    asks for (an explicit layout with `parallel.dp`, else `launcher.nproc_per_node`) before
+    planning.
 
     Returns:
-        The plan dict recorded in plan.json ({} when the planner has no verdict).
+        The plan dict recorded in plan.json: the chosen layout and its predictions.
 
     Raises:
-        UserError: The layout is predicted not to fit and `force` is False; the message carries
-            the predicted peak and usable memory.
+        UserError: The layout is predicted not to fit and `force` is False (the message carries
+            the predicted peak and the usable memory), or the layout is impossible.
     """
-    try:
-        from llmctl.config import planning  # type: ignore[attr-defined]
-    except ImportError:
-        # SEAM(H1): llmctl.config.planning not landed yet; launch without a plan verdict.
-        return {}
-    check = getattr(planning, "launch_plan", None)
-    if check is None:
-        return {}
-    result: dict[str, Any] = check(cfg)
-    if not result.get("fits", True) and not force:
-        raise UserError(str(result.get("message") or "the plan predicts this layout does not fit"))
-    return result
+    from llmctl.config.planning import plan_config
+
+    _cpu_ranks_follow_layout(cfg)
+    result = plan_config(cfg)
+    if result.best is not None:
+        return _plan_dict(result, result.best)
+    closest = result.closest
+    if closest is None:
+        raise UserError("the planner found no valid layout: " + "; ".join(result.suggestions))
+    if not force:
+        hint = f" ({result.suggestions[0]})" if result.suggestions else ""
+        raise UserError(
+            f"layout {closest.layout.short()} needs {closest.memory.total_gib:.3g} GiB per "
+            f"device but {result.usable_gib:.3g} GiB are usable on {cfg.cluster.name}{hint}; "
+            "change the layout (see `llmctl plan`) or pass --force"
+        )
+    return _plan_dict(result, closest)
+
+
+def _cpu_ranks_follow_layout(cfg: Any) -> None:
+    if cfg.cluster.device != "cpu":
+        return
+    p, nodes = cfg.parallel, cfg.cluster.num_nodes
+    if p.dp is not None:
+        world = (p.tp or 1) * (p.pp or 1) * (p.cp or 1) * p.dp
+        if world % nodes == 0:
+            cfg.cluster.gpus_per_node = world // nodes
+    elif cfg.launcher.nproc_per_node:
+        cfg.cluster.gpus_per_node = int(cfg.launcher.nproc_per_node)
+
+
+def _plan_dict(result: Any, ev: Any) -> dict[str, Any]:
+    world = ev.layout.world_size
+    return {
+        "layout": ev.layout.as_dict(),
+        "layout_name": ev.layout.short(),
+        "fits": ev.fits,
+        "peak_mem_gib": ev.memory.total_gib,
+        "usable_gib": result.usable_gib,
+        "memory_gib": ev.memory.terms(),
+        "step_time_s": ev.time.total_s,
+        "tokens_per_s": ev.rates.tokens_per_s_per_gpu * world,
+        "mfu": ev.rates.mfu,
+    }
 
 
 def check_launcher(launch: TrainLaunch) -> None:
@@ -147,8 +190,12 @@ def check_launcher(launch: TrainLaunch) -> None:
         check_hosts(launch.cfg, launch.nodes)
 
 
-def execute_train(launch: TrainLaunch) -> dict[str, Any]:
+def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, Any]:
     """Check requirements, create the run directory, and run (local, ssh) or submit (SLURM).
+
+    Args:
+        launch: What `prepare_train` decided.
+        echo: Where the run's console output is copied (default stdout).
 
     Returns:
         {"kind", "run_dir", and "exit_code" (local/torchrun) or "job_id" (slurm)}.
@@ -159,9 +206,9 @@ def execute_train(launch: TrainLaunch) -> dict[str, Any]:
     check_launcher(launch)
     preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"))
     create_run_dir(launch.cfg, launch.plan)
-    record = {"kind": launch.kind, "run_dir": str(launch.run_dir), "started": time.time(),
-              "pid": os.getpid(),
-              **{k: v for k, v in launch.describe().items() if k in ("command", "nodes")}}  # fmt: skip
+    shown = {k: v for k, v in launch.describe().items() if k in ("command", "nodes")}
+    record = {"kind": launch.kind, "run_dir": str(launch.run_dir), "started": time.time()}
+    record.update(pid=os.getpid(), **shown)
     result: dict[str, Any] = {"kind": launch.kind, "run_dir": str(launch.run_dir)}
     if launch.kind == "slurm":
         from llmctl.launch.slurm import execute_slurm
@@ -173,11 +220,11 @@ def execute_train(launch: TrainLaunch) -> dict[str, Any]:
     if launch.kind == "local":
         from llmctl.launch.local import execute_local
 
-        rc = execute_local(launch.argv, launch.env, launch.run_dir / "logs" / "launcher.log")
+        rc = execute_local(launch.argv, launch.env, launch.run_dir / "logs" / "launcher.log", echo)
     else:
         from llmctl.launch.torchrun import execute_torchrun
 
-        rc = execute_torchrun(launch.nodes, launch.run_dir / "logs")
+        rc = execute_torchrun(launch.nodes, launch.run_dir / "logs", echo)
     record.update(exit_code=rc, finished=time.time())
     _write_launch(launch.run_dir, record)
     result["exit_code"] = rc

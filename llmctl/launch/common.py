@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TextIO
 
 from llmctl.errors import UserError
 
@@ -134,3 +134,18 @@ def run_name(run_dir: str | Path) -> str:
     """A job/rendezvous id from the run directory's name (letters, digits, - and _ only)."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(run_dir).name).strip("-")
     return name or "llmctl"
+
+
+def tee(src: IO[bytes], log_path: str | Path, echo: TextIO | None) -> None:
+    """Copy a child's output to a log file (appending) and, if given, to a console stream."""
+    sink = getattr(echo, "buffer", None)
+    with open(log_path, "ab") as log:
+        for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
+            log.write(chunk)
+            log.flush()
+            if sink is not None:
+                sink.write(chunk)
+                sink.flush()
+            elif echo is not None:
+                echo.write(chunk.decode(errors="replace"))
+                echo.flush()

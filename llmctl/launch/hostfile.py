@@ -67,7 +67,9 @@ def _parse_slots(fields: list[str], where: str) -> int | None:
         return None
     match = _SLOTS_RE.match(fields[0]) if len(fields) == 1 else None
     if match is None:
-        raise UserError(f"{where}: expected 'HOST' or 'HOST slots=N', got extra {' '.join(fields)!r}")
+        raise UserError(
+            f"{where}: expected 'HOST' or 'HOST slots=N', got extra {' '.join(fields)!r}"
+        )
     slots = int(match.group(1))
     if slots < 1:
         raise UserError(f"{where}: slots must be >= 1, got {slots}")

@@ -20,9 +20,19 @@ from llmctl.launch.api import read_launch
 from llmctl.launch.slurm import JOB_ID_FILE
 
 TERMINAL = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE", "GONE", "EXITED"}
-)  # fmt: skip
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "GONE",
+        "EXITED",
+    }
+)
 _FIELD_RE = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|$)")
 
 
@@ -62,8 +72,9 @@ def _scontrol_job(job_id: str) -> dict[str, str]:
     """The one place this module runs a process: `scontrol show job -o JOBID`."""
     if shutil.which("scontrol") is None:
         raise UserError("scontrol not found on PATH: run this where the SLURM client tools are")
-    proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         if "Invalid job id" in proc.stderr:
             return {"JobState": "GONE"}
@@ -135,21 +146,34 @@ def _dir_status(run_dir: Path) -> RunStatus:
     else:
         state = "RUNNING" if _pid_alive(launch.get("pid")) else "EXITED"
     step, loss = _metrics(run_dir)
-    return RunStatus(run_dir=str(run_dir), kind=str(launch.get("kind")), state=state,
-                     exit_code=None if "exit_code" not in launch else str(launch["exit_code"]),
-                     step=step, loss=loss, total_steps=_total_steps(run_dir))  # fmt: skip
+    return RunStatus(
+        run_dir=str(run_dir),
+        kind=str(launch.get("kind")),
+        state=state,
+        exit_code=None if "exit_code" not in launch else str(launch["exit_code"]),
+        step=step,
+        loss=loss,
+        total_steps=_total_steps(run_dir),
+    )
 
 
 def _slurm_status(run_dir: Path | None, job_id: str, job: dict[str, str]) -> RunStatus:
     step, loss = _metrics(run_dir) if run_dir else (None, None)
     restarts = job.get("Restarts")
     return RunStatus(
-        run_dir=str(run_dir) if run_dir else None, kind="slurm", job_id=job_id,
-        state=job.get("JobState", "UNKNOWN"), reason=job.get("Reason"),
-        exit_code=job.get("ExitCode"), restarts=int(restarts) if restarts else None,
-        nodes=job.get("NodeList"), elapsed=job.get("RunTime"), step=step, loss=loss,
+        run_dir=str(run_dir) if run_dir else None,
+        kind="slurm",
+        job_id=job_id,
+        state=job.get("JobState", "UNKNOWN"),
+        reason=job.get("Reason"),
+        exit_code=job.get("ExitCode"),
+        restarts=int(restarts) if restarts else None,
+        nodes=job.get("NodeList"),
+        elapsed=job.get("RunTime"),
+        step=step,
+        loss=loss,
         total_steps=_total_steps(run_dir) if run_dir else None,
-    )  # fmt: skip
+    )
 
 
 def log_path(run_dir: Path) -> Path:

@@ -7,7 +7,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
@@ -16,6 +16,7 @@ from llmctl.launch.common import (
     launch_shape,
     layout_of,
     python_of,
+    tee,
     torchrun_prefix,
 )
 
@@ -58,31 +59,33 @@ def shell_line(argv: list[str], env: dict[str, str]) -> str:
     return shlex.join(["env", *pairs, *argv] if pairs else argv)
 
 
-def execute_local(argv: list[str], env: dict[str, str], log_path: str | Path) -> int:
-    """Run the rendered command, copying its output to the console and to `log_path`.
+def execute_local(
+    argv: list[str], env: dict[str, str], log_path: str | Path, echo: TextIO | None = None
+) -> int:
+    """Run the rendered command, copying its output to `log_path` and to `echo` (stdout).
 
     The child sees LLMCTL_STDOUT_ISATTY=1 when the console is a terminal, so the entry point can
-    keep its live panel although its own stdout is a pipe.
+    keep its live panel although its own stdout is a pipe. Ctrl-C reaches torchrun too (same
+    process group); it is given 30 s to stop its workers.
 
     Returns:
         The torchrun exit code.
     """
     if not Path(argv[0]).exists():
         raise UserError(f"python {argv[0]} not found; set launcher.python to an interpreter path")
+    echo = sys.stdout if echo is None else echo
     full_env = {**os.environ, **env}
-    if sys.stdout.isatty():
+    if echo.isatty():
         full_env["LLMCTL_STDOUT_ISATTY"] = "1"
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
-        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
-            log.write(chunk)
-            log.flush()
-            if out is not None:
-                out.write(chunk)
-                out.flush()
-            else:
-                sys.stdout.write(chunk.decode(errors="replace"))
+    proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    try:
+        tee(proc.stdout, log_path, echo)
         return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()

@@ -3,9 +3,9 @@
 The script (pure rendering, pinned by golden files) asks for the nodes, one task per node with
 its CPUs (and GPUs on GPU clusters), takes the rendezvous host from the allocation
 (`scontrol show hostnames`), refuses a rendezvous host that resolves to loopback in multi-node
-jobs, and handles preemption: `--signal=B:USR1@<lead>` reaches the batch shell, which asks the
-ranks to checkpoint and exit (SIGTERM through srun and torchrun) and then requeues the job;
-`--open-mode=append` keeps the log across restarts.
+jobs, and handles the time limit: `--signal=B:USR1@<lead>` reaches the batch shell, which sends
+SIGTERM to the job steps (torchrun gives the workers 30 s to checkpoint and exit) and then
+requeues the job; `--open-mode=append` keeps the log across restarts.
 
 Every user value in the script is shell-quoted; secrets appear by name only (`--export=ALL,NAME`
 takes their values from the submitting environment at submit time).
@@ -21,7 +21,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from llmctl import __version__
 from llmctl.errors import UserError
 from llmctl.launch.common import (
     entry_args,
@@ -55,9 +54,7 @@ def _value(name: str, value: Any) -> str:
 def _signal(spec: str) -> str:
     match = _SIGNAL_RE.match(spec.strip())
     if not match:
-        raise UserError(
-            f"launcher.slurm_signal={spec!r} is not SIGNAL@SECONDS (e.g. USR1@90)"
-        )
+        raise UserError(f"launcher.slurm_signal={spec!r} is not SIGNAL@SECONDS (e.g. USR1@90)")
     if match.group(1) in ("TERM", "KILL", "STOP"):
         raise UserError(
             f"launcher.slurm_signal={spec!r}: use USR1 or USR2 (TERM and KILL are SLURM's own)"
@@ -129,7 +126,7 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
     secrets = " ".join(q(s) for s in cfg.launcher.secrets)
     lines = [
         "#!/bin/bash",
-        f"# Rendered by llmctl {__version__} for run {q(str(run_dir))}.",
+        f"# Rendered by llmctl for run {q(str(run_dir))}.",
         f"# Submit: sbatch --parsable {q(str(Path(run_dir) / SCRIPT_NAME))}",
         *_directives(cfg, run_dir, shape.nproc_per_node),
         "",
@@ -139,7 +136,7 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
     ]
     if secrets:
         lines += [
-            "# Secrets come by name from the submitting environment (--export), never written here.",
+            "# Secrets come by name from the submitting environment (--export), never from here.",
             f"for name in {secrets}; do",
             '  [[ -n "${!name:-}" ]] || echo "llmctl: warning: secret $name is not set" >&2',
             "done",
@@ -149,7 +146,7 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
         cpus=cpus,
         cmd=cmd,
         sig=_signal(cfg.launcher.slurm_signal)[2:].split("@")[0],
-        requeue_note=", then requeue" if cfg.launcher.slurm_requeue else "",
+        requeue_note="; then requeue" if cfg.launcher.slurm_requeue else "",
         requeue_block=_REQUEUE if cfg.launcher.slurm_requeue else "",
     ).splitlines()
     return "\n".join(lines) + "\n"
@@ -161,8 +158,9 @@ if (( SLURM_NNODES > 1 )); then
   head_addr=$(getent ahostsv4 "$head_node" | awk 'NR==1{{print $1}}')
   case "$head_addr" in
     ''|127.*)
-      echo "llmctl: rendezvous host $head_node resolves to '$head_addr' (loopback or nothing)" \\
-        "on $(hostname): other nodes cannot reach it; map it to its network address in /etc/hosts" >&2
+      echo "llmctl: rendezvous host $head_node resolves to '$head_addr' (loopback or" \\
+        "nothing) on $(hostname): other nodes cannot reach it; map it to its network" \\
+        "address in /etc/hosts" >&2
       exit 2 ;;
   esac
 fi
@@ -170,18 +168,18 @@ rdzv_port=$(( {port} + SLURM_JOB_ID % 1000 ))  # distinct per job on shared node
 echo "llmctl: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST," \\
   "rendezvous $head_node:$rdzv_port"
 
-# Time limit / preemption notice: SLURM sends --signal to this shell; ask the ranks to
-# checkpoint and exit (SIGTERM via srun -> torchrun -> workers){requeue_note}. A plain SIGTERM
-# (scancel, scheduler preemption) is forwarded the same way but never requeues from here.
+# Time limit notice: SLURM sends --signal to this shell only. Pass SIGTERM to the job steps
+# (torchrun forwards it to the workers and waits 30 s for them: time to checkpoint){requeue_note}.
+# `kill` on srun would cancel the step at once instead. A SIGTERM to this shell (scancel,
+# scheduler preemption) has already reached the steps: wait for them, never requeue from here.
 preempted=0
-srun_pid=
-llmctl_stop() {{
-  [[ $1 == {sig} ]] && preempted=1
-  echo "llmctl: caught SIG$1: asking the ranks to checkpoint and exit" >&2
-  [[ -n "$srun_pid" ]] && kill -TERM "$srun_pid" 2>/dev/null
+llmctl_notice() {{
+  preempted=1
+  echo "llmctl: caught SIG{sig}: asking the ranks to checkpoint and exit" >&2
+  scancel --signal=TERM "$SLURM_JOB_ID"
 }}
-trap 'llmctl_stop {sig}' {sig}
-trap 'llmctl_stop TERM' TERM
+trap llmctl_notice {sig}
+trap 'echo "llmctl: caught SIGTERM: waiting for the ranks to exit" >&2' TERM
 
 srun --kill-on-bad-exit=1 --nodes="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task={cpus} \\
   {cmd} &
@@ -229,7 +227,11 @@ def execute_slurm(script: str, run_dir: str | Path) -> str:
     path = Path(run_dir) / SCRIPT_NAME
     path.write_text(script)
     proc = subprocess.run(
-        ["sbatch", "--parsable", str(path)], cwd=run_dir, capture_output=True, text=True, check=False
+        ["sbatch", "--parsable", str(path)],
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode != 0:
         msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]

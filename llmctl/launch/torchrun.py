@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
@@ -34,6 +34,7 @@ from llmctl.launch.common import (
     layout_of,
     python_of,
     run_name,
+    tee,
     torchrun_prefix,
 )
 from llmctl.launch.hostfile import Host
@@ -114,9 +115,14 @@ def render_torchrun_nodes(
         ssh_argv = (*ssh_base(cfg), host.name, remote)
         nodes.append(
             NodeCommand(
-                host=host.name, node_rank=rank, argv=argv, env=node_env, secrets=secrets,
-                remote_command=remote, ssh_argv=ssh_argv,
-            )  # fmt: skip
+                host=host.name,
+                node_rank=rank,
+                argv=argv,
+                env=node_env,
+                secrets=secrets,
+                remote_command=remote,
+                ssh_argv=ssh_argv,
+            )
         )
     return nodes
 
@@ -145,8 +151,9 @@ def probe_command(rdzv_host: str, python: str) -> str:
     )
 
 
-def check_probe(host: str, rdzv_host: str, output: str, python: str, multi_node: bool,
-                env: dict[str, str]) -> None:  # fmt: skip
+def check_probe(
+    host: str, rdzv_host: str, output: str, python: str, multi_node: bool, env: dict[str, str]
+) -> None:
     """Judge one host's probe output (pure).
 
     Raises:
@@ -189,8 +196,8 @@ def _spawn(argv: list[str] | tuple[str, ...], **kwargs: Any) -> subprocess.Popen
 
 
 def _probe_one(cfg: Any, host: str, rdzv_host: str, python: str) -> tuple[str, int, str, str]:
-    proc = _spawn([*ssh_base(cfg), host, probe_command(rdzv_host, python)],
-                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    argv = [*ssh_base(cfg), host, probe_command(rdzv_host, python)]
+    proc = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -237,22 +244,14 @@ def secret_values(names: tuple[str, ...]) -> dict[str, str]:
     return values
 
 
-def _copy(src: IO[bytes], log_path: Path, echo: bool) -> None:
-    with open(log_path, "ab") as log:
-        for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
-            log.write(chunk)
-            log.flush()
-            if echo:
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
-
-
-def execute_torchrun(nodes: list[NodeCommand], log_dir: str | Path) -> int:
+def execute_torchrun(
+    nodes: list[NodeCommand], log_dir: str | Path, echo: TextIO | None = None
+) -> int:
     """Start every node's torchrun over ssh and wait for all of them.
 
-    Node 0's output is echoed here; each node's output goes to `log_dir/node<R>.log`. When a
-    node fails, the others get FAILURE_GRACE_S to finish, then their ssh clients are closed
-    (the remote agents end on the broken pipe).
+    Node 0's output is echoed to `echo` (stdout); each node's output goes to
+    `log_dir/node<R>.log`. When a node fails, the others get FAILURE_GRACE_S to finish, then
+    their ssh clients are closed (the remote agents end on the broken pipe).
 
     Returns:
         0 when every node succeeded, else the first non-zero exit code.
@@ -262,13 +261,14 @@ def execute_torchrun(nodes: list[NodeCommand], log_dir: str | Path) -> int:
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     procs, copiers = [], []
     for node in nodes:
-        proc = _spawn(node.ssh_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                      stderr=subprocess.STDOUT)  # fmt: skip
+        pipe = subprocess.PIPE
+        proc = _spawn(node.ssh_argv, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT)
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(payload)
         proc.stdin.close()
         log = Path(log_dir) / f"node{node.node_rank}.log"
-        t = threading.Thread(target=_copy, args=(proc.stdout, log, node.node_rank == 0))
+        shown = (sys.stdout if echo is None else echo) if node.node_rank == 0 else None
+        t = threading.Thread(target=tee, args=(proc.stdout, log, shown))
         t.start()
         procs.append(proc)
         copiers.append(t)

@@ -18,6 +18,7 @@ of the core attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmctl.plan.specs import ModelSpec, Recompute
 
@@ -42,6 +43,7 @@ class TokenFlops:
         return self.num_layers * self.layer + self.logits
 
 
+@lru_cache(maxsize=256)
 def token_flops(model: ModelSpec, *, causal: bool = True) -> TokenFlops:
     """Model FLOPs per token of a training step (forward + backward)."""
     h, d = model.hidden_size, model.kv_channels

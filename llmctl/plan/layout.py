@@ -49,8 +49,12 @@ def split_layers(num_layers: int, pp: int, vpp: int, allow_uneven: bool) -> Stag
         if first >= 1:
             return StageSplit(first=first, middle=middle, last=rest - first, method="uneven")
     if allow_uneven and vpp == 1 and pp == 2:
-        return StageSplit(first=num_layers // 2, middle=num_layers - num_layers // 2,
-                          last=num_layers - num_layers // 2, method="uneven")  # fmt: skip
+        return StageSplit(
+            first=num_layers // 2,
+            middle=num_layers - num_layers // 2,
+            last=num_layers - num_layers // 2,
+            method="uneven",
+        )
     return None
 
 
@@ -108,11 +112,17 @@ class Layout:
     def as_dict(self) -> dict[str, int | bool | str]:
         """Plain dict (JSON, perf.json `layout`)."""
         return {
-            "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep,
-            "dp": self.dp, "micro_batch_size": self.micro_batch_size,
-            "sequence_parallel": self.sequence_parallel, "recompute": self.recompute.value,
+            "tp": self.tp,
+            "pp": self.pp,
+            "vpp": self.vpp,
+            "cp": self.cp,
+            "ep": self.ep,
+            "dp": self.dp,
+            "micro_batch_size": self.micro_batch_size,
+            "sequence_parallel": self.sequence_parallel,
+            "recompute": self.recompute.value,
             "optimizer_sharding": self.sharding.value,
-        }  # fmt: skip
+        }
 
 
 def check_world(world: int, tp: int, pp: int, cp: int) -> None:

@@ -29,18 +29,27 @@ and the fp32 logits kept by the cross entropy (4sbV/t).
 
 FP8 (Transformer Engine) keeps an fp8 copy and transpose of each GEMM weight: 2 bytes per
 layer parameter, and saves the inputs of the four GEMMs (QKV, projection, fc1, fc2) in fp8
-for the backward pass (1 byte instead of 2); other activations stay 16-bit. Fixed overheads (CUDA context, NCCL buffers) and the allocator fragmentation
-fraction come from the cluster config.
+for the backward pass (1 byte instead of 2); other activations stay 16-bit. Fixed overheads
+(CUDA context, NCCL buffers) and the allocator fragmentation fraction come from the cluster
+config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmctl.plan.layout import Layout, StageSplit
 from llmctl.plan.params import layer_params, stage_params
-from llmctl.plan.specs import BYTES, AttentionKernel, ClusterSpec, ModelSpec, Recompute
-from llmctl.plan.specs import RunSpec, Sharding
+from llmctl.plan.specs import (
+    BYTES,
+    AttentionKernel,
+    ClusterSpec,
+    ModelSpec,
+    Recompute,
+    RunSpec,
+    Sharding,
+)
 
 GIB = float(1024**3)
 
@@ -89,6 +98,7 @@ def state_bytes(run: RunSpec, sharding: Sharding, shard: int) -> tuple[float, fl
     return w / shard, g / shard, o / shard
 
 
+@lru_cache(maxsize=65536)
 def layer_activation_bytes(
     model: ModelSpec, run: RunSpec, *, tp: int, cp: int, mbs: int, sp: bool, recompute: Recompute
 ) -> float:
@@ -144,6 +154,97 @@ def _last_extra(model: ModelSpec, layout: Layout) -> float:
     return 4.0 * sb * model.hidden_size / div + 4.0 * sb * model.vocab_size / layout.tp
 
 
+def _static(
+    model: ModelSpec, run: RunSpec, layout: Layout, split: StageSplit, m: int, rank: int
+) -> tuple[float, float, int, int, float]:
+    """Sharding-independent part of a stage: (dense params, expert params, params of one
+    layer, layers, activation bytes)."""
+    pp = layout.pp
+    first, last = rank == 0, rank == pp - 1
+    layers = split.first if first else (split.last if last else split.middle)
+    params = stage_params(
+        model, tp=layout.tp, pp=pp, ep=layout.ep, layers=layers, first=first, last=last
+    )
+    per_layer = layer_activation_bytes(
+        model,
+        run,
+        tp=layout.tp,
+        cp=layout.cp,
+        mbs=layout.micro_batch_size,
+        sp=layout.sequence_parallel,
+        recompute=layout.recompute,
+    )
+    held = in_flight(pp, layout.vpp, m, rank)
+    acts = per_layer * layers * held
+    if first:
+        acts += _first_extra(model, layout) * held
+    if last:
+        acts += _last_extra(model, layout)
+    lp = layer_params(model, layout.tp, layout.ep).total
+    return float(params.dense), float(params.expert), lp, layers, acts
+
+
+def _states(
+    run: RunSpec,
+    sharding: Sharding,
+    static: tuple[float, float, int, int, float],
+    shard: int,
+    ep: int,
+) -> tuple[float, float, float, float]:
+    """Bytes of (weights, grads, optimizer, fp8 buffers) for one sharding choice."""
+    dense, expert, lp, layers, _ = static
+    wd, gd, od = state_bytes(run, sharding, shard)
+    we, ge, oe = state_bytes(run, sharding, max(1, shard // ep))
+    weights = dense * wd + expert * we
+    grads = dense * gd + expert * ge
+    optimizer = dense * od + expert * oe
+    if sharding == Sharding.full:
+        weights += 2 * lp * BYTES[run.params_dtype]
+        grads += 2 * lp * BYTES[run.grad_dtype]
+    fp8 = 2.0 * (2 if sharding == Sharding.full else layers) * lp if run.fp8 else 0.0
+    return weights, grads, optimizer, fp8
+
+
+def stage_terms(
+    model: ModelSpec,
+    run: RunSpec,
+    layout: Layout,
+    *,
+    split: StageSplit,
+    num_microbatches: int,
+    rank: int,
+) -> tuple[float, float, float, float, float]:
+    """Bytes of (weights, grads, optimizer, activations, fp8 buffers) on stage `rank`."""
+    static = _static(model, run, layout, split, num_microbatches, rank)
+    shard = layout.dp * layout.cp
+    w, g, o, f = _states(run, layout.sharding, static, shard, layout.ep)
+    return w, g, o, static[4], f
+
+
+def peak_gib_options(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    run: RunSpec,
+    layout: Layout,
+    shardings: list[Sharding],
+    *,
+    split: StageSplit,
+    num_microbatches: int,
+) -> list[float]:
+    """Worst-stage GiB of `layout` for each sharding choice (the search's fast path)."""
+    statics = [_static(model, run, layout, split, num_microbatches, r) for r in _ranks(layout.pp)]
+    shard, scale = layout.dp * layout.cp, (1.0 + cluster.fragmentation_fraction) / GIB
+    fixed = cluster.cuda_context_gib + cluster.nccl_buffer_gib
+    return [
+        max(sum(_states(run, sh, st, shard, layout.ep)) + st[4] for st in statics) * scale + fixed
+        for sh in shardings
+    ]
+
+
+def _ranks(pp: int) -> tuple[int, ...]:
+    return tuple(sorted({0, min(1, pp - 1), pp - 1}))
+
+
 def stage_memory(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -154,43 +255,22 @@ def stage_memory(
     num_microbatches: int,
     rank: int,
 ) -> MemoryBreakdown:
-    """Memory of pipeline stage `rank` (0 = first, pp-1 = last)."""
+    """Memory of pipeline stage `rank` (0 = first, pp-1 = last), by named term."""
     pp = layout.pp
-    first, last = rank == 0, rank == pp - 1
-    layers = split.first if first else (split.last if last else split.middle)
-    params = stage_params(model, tp=layout.tp, pp=pp, ep=layout.ep, layers=layers,
-                          first=first, last=last)  # fmt: skip
-    dense_shard = layout.dp * layout.cp
-    expert_shard = max(1, dense_shard // layout.ep)
-    wd, gd, od = state_bytes(run, layout.sharding, dense_shard)
-    we, ge, oe = state_bytes(run, layout.sharding, expert_shard)
-    weights = params.dense * wd + params.expert * we
-    grads = params.dense * gd + params.expert * ge
-    optimizer = params.dense * od + params.expert * oe
-    lp = layer_params(model, layout.tp, layout.ep).total
-    if layout.sharding == Sharding.full:
-        weights += 2 * lp * BYTES[run.params_dtype]
-        grads += 2 * lp * BYTES[run.grad_dtype]
-    fp8 = 2.0 * (2 if layout.sharding == Sharding.full else layers) * lp if run.fp8 else 0.0
-    per_layer = layer_activation_bytes(
-        model, run, tp=layout.tp, cp=layout.cp, mbs=layout.micro_batch_size,
-        sp=layout.sequence_parallel, recompute=layout.recompute,
-    )  # fmt: skip
-    held = in_flight(pp, layout.vpp, num_microbatches, rank)
-    acts = per_layer * layers * held
-    if first:
-        acts += _first_extra(model, layout) * held
-    if last:
-        acts += _last_extra(model, layout)
-    allocated = weights + grads + optimizer + acts + fp8
+    w, g, o, a, f = stage_terms(
+        model, run, layout, split=split, num_microbatches=num_microbatches, rank=rank
+    )
+    stage = (
+        "only" if pp == 1 else ("first" if rank == 0 else ("last" if rank == pp - 1 else "middle"))
+    )
     return MemoryBreakdown(
-        stage="only" if pp == 1 else ("first" if first else ("last" if last else "middle")),
-        weights_gib=weights / GIB,
-        grads_gib=grads / GIB,
-        optimizer_gib=optimizer / GIB,
-        activations_gib=acts / GIB,
-        fp8_buffers_gib=fp8 / GIB,
-        fragmentation_gib=allocated * cluster.fragmentation_fraction / GIB,
+        stage=stage,
+        weights_gib=w / GIB,
+        grads_gib=g / GIB,
+        optimizer_gib=o / GIB,
+        activations_gib=a / GIB,
+        fp8_buffers_gib=f / GIB,
+        fragmentation_gib=(w + g + o + a + f) * cluster.fragmentation_fraction / GIB,
         cuda_context_gib=cluster.cuda_context_gib,
         nccl_buffers_gib=cluster.nccl_buffer_gib,
     )
@@ -206,10 +286,10 @@ def peak_memory(
     num_microbatches: int,
 ) -> MemoryBreakdown:
     """Memory of the worst rank among the first, second and last pipeline stages."""
-    ranks = sorted({0, min(1, layout.pp - 1), layout.pp - 1})
     stages = [
-        stage_memory(model, cluster, run, layout, split=split,
-                     num_microbatches=num_microbatches, rank=r)  # fmt: skip
-        for r in ranks
+        stage_memory(
+            model, cluster, run, layout, split=split, num_microbatches=num_microbatches, rank=r
+        )
+        for r in _ranks(layout.pp)
     ]
     return max(stages, key=lambda m: m.total_gib)

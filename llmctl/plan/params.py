@@ -13,6 +13,7 @@ MoE layers hold a router (replicated) and `num_experts / ep` experts split over 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmctl.plan.specs import ModelSpec
 
@@ -34,6 +35,7 @@ def _norm(model: ModelSpec) -> int:
     return model.hidden_size * (2 if model.layernorm_bias else 1)
 
 
+@lru_cache(maxsize=4096)
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> LayerParams:
     """Parameters of one layer held by one rank with tensor-parallel size `tp`."""
     h, d = model.hidden_size, model.kv_channels
@@ -52,11 +54,13 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> LayerParams:
     return LayerParams(dense=dense, expert=one_expert * (model.num_experts // ep))
 
 
+@lru_cache(maxsize=4096)
 def embedding_params(model: ModelSpec, tp: int = 1) -> int:
     """Word (vocab-parallel) and learned position embeddings on the first stage."""
     return model.vocab_size * model.hidden_size // tp + model.learned_positions * model.hidden_size
 
 
+@lru_cache(maxsize=4096)
 def output_params(model: ModelSpec, tp: int = 1, pp: int = 1) -> int:
     """Final norm and output layer on the last stage.
 

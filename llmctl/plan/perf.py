@@ -19,6 +19,7 @@ The named constants below are the model's calibration knobs (docs/planner.md); t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmctl.plan.flops import recompute_factor, step_flops, token_flops
 from llmctl.plan.layout import Layout, StageSplit
@@ -83,9 +84,47 @@ def ring_time(cluster: ClusterSpec, n: int, span: int, nbytes: float) -> float:
     return (n - 1) / n * nbytes / bw + (n - 1) * lat
 
 
-def _slot(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout, layers: int,
-          last: bool) -> tuple[float, float, float, float]:  # fmt: skip
+def _slot(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout, layers: int, last: bool
+) -> tuple[float, float, float, float]:
     """(compute, tp, cp, moe) seconds of one micro-batch forward+backward on a stage."""
+    return _slot_cached(
+        model,
+        cluster,
+        run,
+        lay.tp,
+        lay.cp,
+        lay.ep,
+        lay.micro_batch_size,
+        lay.sequence_parallel,
+        lay.recompute,
+        layers,
+        last,
+    )
+
+
+@lru_cache(maxsize=65536)
+def _slot_cached(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    run: RunSpec,
+    tp_size: int,
+    cp_size: int,
+    ep: int,
+    mbs: int,
+    sp: bool,
+    recompute: Recompute,
+    layers: int,
+    last: bool,
+) -> tuple[float, float, float, float]:
+    lay = Layout(
+        tp=tp_size,
+        cp=cp_size,
+        ep=ep,
+        micro_batch_size=mbs,
+        sequence_parallel=sp,
+        recompute=recompute,
+    )
     tok = lay.micro_batch_size * model.seq_length / lay.cp
     fl = token_flops(model)
     g_mul, c_mul = recompute_factor(fl, lay.recompute)
@@ -93,8 +132,15 @@ def _slot(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout, lay
     core_rate = cluster.tflops("bf16" if run.fp8 else run.compute_dtype) * 1e12
     gemm = tok * fl.layer_gemm * g_mul / lay.tp / gemm_rate
     core = tok * fl.layer_core_attention * c_mul / lay.tp / core_rate
-    act = layer_activation_bytes(model, run, tp=lay.tp, cp=lay.cp, mbs=lay.micro_batch_size,
-                                 sp=lay.sequence_parallel, recompute=Recompute.selective)  # fmt: skip
+    act = layer_activation_bytes(
+        model,
+        run,
+        tp=lay.tp,
+        cp=lay.cp,
+        mbs=lay.micro_batch_size,
+        sp=lay.sequence_parallel,
+        recompute=Recompute.selective,
+    )
     elem = ELEMENTWISE_PASSES * act * g_mul / (cluster.hbm_bandwidth_gbps * 1e9)
     compute = layers * (gemm + core + elem)
     if last:
@@ -112,14 +158,28 @@ def _slot(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout, lay
     return compute, tp, cp, moe
 
 
-def _dp_time(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout,
-             split: StageSplit, slot_s: float, m: int) -> float:  # fmt: skip
+def _dp_time(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    run: RunSpec,
+    lay: Layout,
+    split: StageSplit,
+    slot_s: float,
+    m: int,
+) -> float:
     """Exposed data-parallel communication seconds per step."""
     n = lay.dp * lay.cp
     if n == 1:
         return 0.0
-    p = stage_params(model, tp=lay.tp, pp=lay.pp, ep=lay.ep, layers=split.bottleneck,
-                     first=lay.pp == 1, last=lay.pp == 1)  # fmt: skip
+    p = stage_params(
+        model,
+        tp=lay.tp,
+        pp=lay.pp,
+        ep=lay.ep,
+        layers=split.bottleneck,
+        first=lay.pp == 1,
+        last=lay.pp == 1,
+    )
     span = lay.tp * lay.cp * lay.dp
     wbytes = 2.0 if run.params_dtype != "fp32" else 4.0
     gbytes = BYTES[run.grad_dtype]
@@ -139,30 +199,81 @@ def _dp_time(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout,
 def step_time(
     model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
 ) -> StepTime:
-    """Predicted seconds per optimizer step of `layout`."""
-    m = layout.num_microbatches(run.global_batch_size)
+    """Predicted seconds per optimizer step of `layout`, by named term."""
+    c, bubble, tp, cp, moe, p2p, dp, opt = time_terms(model, cluster, run, layout, split)
+    return StepTime(
+        compute_s=c,
+        bubble_s=bubble,
+        tp_comm_s=tp,
+        cp_comm_s=cp,
+        moe_comm_s=moe,
+        pp_comm_s=p2p,
+        dp_comm_s=dp,
+        optimizer_s=opt,
+    )
+
+
+def _common(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
+) -> tuple[float, float, float, float, float, float]:
+    """Sharding-independent seconds of one micro-batch slot: (compute, tp, cp, moe) on the
+    bottleneck stage, then the bubble and pipeline p2p of the whole step."""
     pp = layout.pp
     slots = [_slot(model, cluster, run, layout, split.middle, pp == 1)]
     if pp > 1:
         slots.append(_slot(model, cluster, run, layout, split.last, True))
         slots.append(_slot(model, cluster, run, layout, split.first, False))
     c, tp, cp, moe = max(slots, key=sum)
-    slot_s = c + tp + cp + moe
-    bubble = (pp - 1) / layout.vpp * slot_s
+    bubble = (pp - 1) / layout.vpp * (c + tp + cp + moe)
     msg = layout.micro_batch_size * model.seq_length / layout.cp * model.hidden_size * 2.0
     msg /= layout.tp if layout.sequence_parallel else 1
-    stride = layout.tp * layout.cp * layout.dp
-    bw, lat = _link(cluster, 2 * stride)
+    bw, lat = _link(cluster, 2 * layout.tp * layout.cp * layout.dp)
     p2p = 2.0 * (pp - 1) * (msg / bw + lat) if pp > 1 else 0.0
+    return c, tp, cp, moe, bubble, p2p
+
+
+def _sharded(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    run: RunSpec,
+    layout: Layout,
+    split: StageSplit,
+    slot_s: float,
+    m: int,
+) -> tuple[float, float]:
+    """Seconds of (exposed DP communication, optimizer step) for `layout.sharding`."""
     dp = _dp_time(model, cluster, run, layout, split, slot_s, m)
     owned = layer_params(model, layout.tp, layout.ep).total * split.bottleneck
-    owned += embedding_params(model, layout.tp) if pp == 1 else 0
+    owned += embedding_params(model, layout.tp) if layout.pp == 1 else 0
     shard = layout.dp * layout.cp if layout.sharding != Sharding.none else 1
     opt = owned / shard * OPTIMIZER_BYTES_PER_PARAM / (cluster.hbm_bandwidth_gbps * 1e9)
-    return StepTime(
-        compute_s=m * c, bubble_s=bubble, tp_comm_s=m * tp, cp_comm_s=m * cp,
-        moe_comm_s=m * moe, pp_comm_s=p2p, dp_comm_s=dp, optimizer_s=opt,
-    )  # fmt: skip
+    return dp, opt
+
+
+def time_terms(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
+) -> tuple[float, float, float, float, float, float, float, float]:
+    """Seconds of (compute, bubble, tp, cp, moe, pp, dp, optimizer) per step."""
+    m = layout.num_microbatches(run.global_batch_size)
+    c, tp, cp, moe, bubble, p2p = _common(model, cluster, run, layout, split)
+    dp, opt = _sharded(model, cluster, run, layout, split, c + tp + cp + moe, m)
+    return m * c, bubble, m * tp, m * cp, m * moe, p2p, dp, opt
+
+
+def step_s_options(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    run: RunSpec,
+    layouts: list[Layout],
+    split: StageSplit,
+) -> list[float]:
+    """Step seconds of layouts that differ only in sharding (the search's fast path)."""
+    first = layouts[0]
+    m = first.num_microbatches(run.global_batch_size)
+    c, tp, cp, moe, bubble, p2p = _common(model, cluster, run, first, split)
+    slot = c + tp + cp + moe
+    base = m * slot + bubble + p2p
+    return [base + sum(_sharded(model, cluster, run, lay, split, slot, m)) for lay in layouts]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

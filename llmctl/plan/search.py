@@ -10,11 +10,12 @@ family and the inner loop over micro-batch, recompute and sharding only evaluate
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from llmctl.plan.layout import Layout, StageSplit, check_world, split_layers
-from llmctl.plan.memory import MemoryBreakdown, peak_memory
-from llmctl.plan.perf import StepTime, Throughput, step_time, throughput
-from llmctl.plan.specs import ModelSpec, PlanInput, Recompute, Sharding
+from llmctl.plan.memory import MemoryBreakdown, peak_gib_options, peak_memory
+from llmctl.plan.perf import StepTime, Throughput, step_s_options, step_time, throughput
+from llmctl.plan.specs import Constraints, ModelSpec, PlanInput, Recompute, Sharding
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,8 +77,14 @@ def evaluate(inp: PlanInput, layout: Layout) -> Evaluation:
     mem = peak_memory(model, cluster, run, layout, split=split, num_microbatches=m)
     time = step_time(model, cluster, run, layout, split)
     rates = throughput(model, cluster, run, layout.world_size, time.total_s)
-    return Evaluation(layout=layout, split=split, memory=mem, time=time, rates=rates,
-                      fits=mem.total_gib <= usable_gib(inp))  # fmt: skip
+    return Evaluation(
+        layout=layout,
+        split=split,
+        memory=mem,
+        time=time,
+        rates=rates,
+        fits=mem.total_gib <= usable_gib(inp),
+    )
 
 
 def _pp_reason(model: ModelSpec, pp: int, vpp: int) -> str:
@@ -125,8 +132,10 @@ def check_constraints(inp: PlanInput) -> None:
         raise ValueError(reason)
     if c.vpp and c.vpp > 1 and c.pp == 1:
         raise ValueError(f"VPP={c.vpp} needs PP > 1")
-    if c.pp and split_layers(inp.model.num_layers, c.pp, c.vpp or 1,
-                             inp.search.allow_uneven_pp) is None:  # fmt: skip
+    if (
+        c.pp
+        and split_layers(inp.model.num_layers, c.pp, c.vpp or 1, inp.search.allow_uneven_pp) is None
+    ):
         raise ValueError(_pp_reason(inp.model, c.pp, c.vpp or 1))
     if c.ep and c.ep > 1 and not inp.model.is_moe:
         raise ValueError(f"EP={c.ep} needs an MoE model ({inp.model.name} is dense)")
@@ -134,12 +143,11 @@ def check_constraints(inp: PlanInput) -> None:
         raise ValueError("sequence parallelism needs TP > 1 (TP=1 is fixed)")
     if c.sharding == Sharding.full and c.pp and c.pp > 1:
         raise ValueError(f"full sharding (FSDP) needs PP=1, PP={c.pp} is fixed")
-    if c.dp and c.tp and c.pp and c.cp is not None:
-        if c.dp * c.tp * c.pp * (c.cp or 1) != world:
-            raise ValueError(
-                f"DP={c.dp} but {world} GPUs / (TP*PP*CP = {c.tp}*{c.pp}*{c.cp}) = "
-                f"{world // (c.tp * c.pp * c.cp)}"
-            )
+    if c.dp and c.tp and c.pp and c.cp is not None and c.dp * c.tp * c.pp * c.cp != world:
+        raise ValueError(
+            f"DP={c.dp} but {world} GPUs / (TP*PP*CP = {c.tp}*{c.pp}*{c.cp}) = "
+            f"{world // (c.tp * c.pp * c.cp)}"
+        )
     _check_batch(inp)
 
 
@@ -148,22 +156,34 @@ def _check_batch(inp: PlanInput) -> None:
     if c.micro_batch_size and gbs % c.micro_batch_size:
         raise ValueError(f"GBS {gbs} not divisible by MBS {c.micro_batch_size}")
     if c.dp and c.micro_batch_size and gbs % (c.micro_batch_size * c.dp):
-        raise ValueError(
-            f"GBS {gbs} not divisible by MBS*DP = {c.micro_batch_size}*{c.dp}"
-        )
+        raise ValueError(f"GBS {gbs} not divisible by MBS*DP = {c.micro_batch_size}*{c.dp}")
+
+
+Family = tuple[int, int, int, int, int]  # (tp, cp, pp, vpp, dp)
 
 
 class _Rejected:
-    """Rejection families keyed by reason, with counts."""
+    """Rejection families: a reason template, the values it was seen with, and a count."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
+        self.families: dict[str, tuple[set[int], int]] = {}
 
-    def add(self, reason: str, count: int = 1) -> None:
-        self.counts[reason] = self.counts.get(reason, 0) + count
+    def add(self, reason: str, value: int | None = None, count: int = 1) -> None:
+        values, n = self.families.get(reason, (set(), 0))
+        if value is not None:
+            values.add(value)
+        self.families[reason] = (values, n + count)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Final one-line reasons with counts; `{}` in a template lists the values seen."""
+        return {
+            (r.format(", ".join(map(str, sorted(v)))) if "{}" in r else r): n
+            for r, (v, n) in self.families.items()
+        }
 
 
-def _structures(inp: PlanInput, rej: _Rejected) -> list[tuple[int, int, int, int, int]]:
+def _structures(inp: PlanInput, rej: _Rejected) -> list[Family]:
     """Valid (tp, cp, pp, vpp, dp) families."""
     c, world = inp.constraints, inp.cluster.world_size
     out = []
@@ -179,9 +199,9 @@ def _structures(inp: PlanInput, rej: _Rejected) -> list[tuple[int, int, int, int
     return out
 
 
-def _pp_families(inp: PlanInput, rej: _Rejected, tp: int, cp: int) -> list[tuple[int, ...]]:
+def _pp_families(inp: PlanInput, rej: _Rejected, tp: int, cp: int) -> list[Family]:
     c, world, layers = inp.constraints, inp.cluster.world_size, inp.model.num_layers
-    out: list[tuple[int, ...]] = []
+    out: list[Family] = []
     for pp in [c.pp] if c.pp else divisors(world // (tp * cp)):
         if world % (tp * cp * pp):
             rej.add(f"{world} GPUs not divisible by TP*PP*CP = {tp}*{pp}*{cp}")
@@ -190,16 +210,19 @@ def _pp_families(inp: PlanInput, rej: _Rejected, tp: int, cp: int) -> list[tuple
         if c.dp and c.dp != dp:
             rej.add(f"DP={c.dp} fixed but world/(TP*PP*CP) = {dp}")
             continue
-        vpps = [c.vpp] if c.vpp else ([1] + [v for v in range(2, layers // pp + 1)] if pp > 1
-                                      else [1])  # fmt: skip
+        vpps = (
+            [c.vpp] if c.vpp else ([1] + [v for v in range(2, layers // pp + 1)] if pp > 1 else [1])
+        )
         found = False
         for vpp in vpps:
             if split_layers(layers, pp, vpp, inp.search.allow_uneven_pp) is not None:
                 out.append((tp, cp, pp, vpp, dp))
                 found = True
         if not found:
-            rej.add(_pp_reason(inp.model, pp, c.vpp or 1)
-                    + ("" if inp.search.allow_uneven_pp else " (plan.allow_uneven_pp=false)"))
+            rej.add(
+                _pp_reason(inp.model, pp, c.vpp or 1)
+                + ("" if inp.search.allow_uneven_pp else " (plan.allow_uneven_pp=false)")
+            )
     return out
 
 
@@ -208,14 +231,26 @@ def _options(inp: PlanInput, tp: int, pp: int) -> list[tuple[bool, Recompute, Sh
     sps = [c.sequence_parallel] if c.sequence_parallel is not None else [tp > 1]
     rcs = [c.recompute] if c.recompute else list(Recompute)
     shs = [c.sharding] if c.sharding else list(Sharding)
-    return [(sp, rc, sh) for sp in sps if not (sp and tp == 1) for rc in rcs for sh in shs
-            if not (sh == Sharding.full and pp > 1)]  # fmt: skip
+    return [
+        (sp, rc, sh)
+        for sp in sps
+        if not (sp and tp == 1)
+        for rc in rcs
+        for sh in shs
+        if not (sh == Sharding.full and pp > 1)
+    ]
 
 
 def candidates(inp: PlanInput) -> tuple[list[Layout], dict[str, int]]:
     """Every structurally valid layout, and rejection counts by reason."""
+    groups, rejected = _groups(inp)
+    return [lay for group in groups for lay in group], rejected
+
+
+def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
+    """Valid layouts grouped so that layouts in a group differ only in sharding."""
     rej = _Rejected()
-    out: list[Layout] = []
+    out: list[list[Layout]] = []
     c, gbs = inp.constraints, inp.run.global_batch_size
     mbss = [c.micro_batch_size] if c.micro_batch_size else list(inp.search.micro_batch_sizes)
     for tp, cp, pp, vpp, dp in _structures(inp, rej):
@@ -227,16 +262,36 @@ def candidates(inp: PlanInput) -> tuple[list[Layout], dict[str, int]]:
             rej.add("full sharding (FSDP) needs PP=1")
         for mbs in mbss:
             if gbs % (mbs * dp):
-                rej.add(f"MBS={mbs} with DP={dp}: GBS {gbs} not divisible by MBS*DP")
+                rej.add(f"MBS={mbs}: GBS {gbs} not divisible by MBS*DP for DP in {{}}", dp)
                 continue
             m = gbs // (mbs * dp)
             if vpp > 1 and m % pp:
-                rej.add(f"VPP={vpp} needs micro-batches ({m}) divisible by PP={pp}")
+                rej.add(
+                    f"PP={pp} with VPP: micro-batches per step not divisible by PP "
+                    "for MBS*DP in {}",
+                    mbs * dp,
+                )
                 continue
             for ep in eps:
-                out += [Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, dp=dp, micro_batch_size=mbs,
-                               sequence_parallel=sp, recompute=rc, sharding=sh)
-                        for sp, rc, sh in opts]  # fmt: skip
+                for sp, rc in dict.fromkeys((sp, rc) for sp, rc, _ in opts):
+                    out.append(
+                        [
+                            Layout(
+                                tp=tp,
+                                pp=pp,
+                                vpp=vpp,
+                                cp=cp,
+                                ep=ep,
+                                dp=dp,
+                                micro_batch_size=mbs,
+                                sequence_parallel=sp,
+                                recompute=rc,
+                                sharding=sh,
+                            )
+                            for sp2, rc2, sh in opts
+                            if (sp2, rc2) == (sp, rc)
+                        ]
+                    )
     return out, rej.counts
 
 
@@ -248,49 +303,94 @@ def plan(inp: PlanInput, *, suggest: bool = True) -> PlanResult:
             names the failing product or divisibility.
     """
     check_constraints(inp)
-    layouts, rejected = candidates(inp)
-    evals = [evaluate(inp, lay) for lay in layouts]
-    fitting = sorted((e for e in evals if e.fits), key=lambda e: e.rates.step_s)
+    groups, rejected = _groups(inp)
     limit = usable_gib(inp)
-    misfits = len(evals) - len(fitting)
+    scored = [item for group in groups for item in _score(inp, group)]
+    fitting = sorted((s for s in scored if s[1] <= limit), key=lambda s: s[0])
+    misfits = len(scored) - len(fitting)
     if misfits:
         rejected[f"needs more than {limit:.1f} GiB usable per GPU"] = misfits
-    closest = min(evals, key=lambda e: e.memory.total_gib) if evals and not fitting else None
+    closest = None
+    if scored and not fitting:
+        closest = evaluate(inp, min(scored, key=lambda s: s[1])[2])
     tips = tuple(suggestions(inp)) if suggest and not fitting else ()
     return PlanResult(
         input=inp,
-        ranked=tuple(fitting[: max(inp.search.top_k, 1)]),
-        points=tuple((e.rates.step_s, e.memory.total_gib, e.fits) for e in evals),
+        ranked=tuple(evaluate(inp, s[2]) for s in fitting[: max(inp.search.top_k, 1)]),
+        points=tuple((step, gib, gib <= limit) for step, gib, _ in scored),
         rejections=tuple(Rejection(reason=r, count=n) for r, n in rejected.items()),
-        num_candidates=len(evals),
+        num_candidates=len(scored),
         usable_gib=limit,
         closest=closest,
         suggestions=tips,
     )
 
 
+def _score(inp: PlanInput, group: list[Layout]) -> list[tuple[float, float, Layout]]:
+    """(step seconds, peak GiB, layout) of layouts differing only in sharding: the fast path
+    of `evaluate` (same formulas, shared work, no breakdown objects)."""
+    model, cluster, run = inp.model, inp.cluster, inp.run
+    first = group[0]
+    split = _split(model.num_layers, first.pp, first.vpp, inp.search.allow_uneven_pp)
+    m = first.num_microbatches(run.global_batch_size)
+    shardings = [lay.sharding for lay in group]
+    gibs = peak_gib_options(model, cluster, run, first, shardings, split=split, num_microbatches=m)
+    steps = step_s_options(model, cluster, run, group, split)
+    return list(zip(steps, gibs, group, strict=True))
+
+
+@lru_cache(maxsize=1024)
+def _split(num_layers: int, pp: int, vpp: int, allow_uneven: bool) -> StageSplit:
+    split = split_layers(num_layers, pp, vpp, allow_uneven)
+    assert split is not None  # candidates() only yields splittable layouts
+    return split
+
+
 def suggestions(inp: PlanInput) -> list[str]:
-    """What would make something fit: relax each fixed choice, then more GPUs."""
+    """What would make something fit: relax fixed choices one by one, then together, then
+    add GPUs."""
     c = inp.constraints
-    relax = [
-        ("recompute", "full activation recompute", replace(c, recompute=Recompute.full)),
-        ("micro_batch_size", "micro-batch size 1", replace(c, micro_batch_size=1)),
-        ("pp", "searching PP (more pipeline stages)", replace(c, pp=None, vpp=None, dp=None)),
-        ("sharding", "full optimizer sharding", replace(c, sharding=None, pp=None, dp=None)),
+    steps = [
+        ("full activation recompute", dict(recompute=Recompute.full)),
+        ("micro-batch size 1", dict(micro_batch_size=1)),
+        ("more pipeline stages (PP searched)", dict(pp=None, vpp=None, dp=None)),
+        ("TP searched", dict(tp=None, dp=None)),
+        ("CP searched", dict(cp=None, dp=None)),
+        ("optimizer sharding searched", dict(sharding=None)),
     ]
     out = []
-    for _, text, cons in relax:
-        best = _try(replace(inp, constraints=cons))
+    for text, change in steps:
+        best = _try(replace(inp, constraints=replace(c, **change)))  # type: ignore[arg-type]
         if best:
-            out.append(f"{text} fits: {best.layout.short()} ({best.memory.total_gib:.1f} GiB)")
-    for factor in (2, 4, 8, 16):
-        nodes = inp.cluster.num_nodes * factor
-        cl = replace(inp.cluster, num_nodes=nodes)
-        best = _try(replace(inp, cluster=cl, constraints=replace(c, dp=None)))
-        if best:
-            out.append(f"{nodes} nodes ({cl.world_size} GPUs) fit: {best.layout.short()}")
-            break
+            out.append(f"{text}: {best.layout.short()} fits ({best.memory.total_gib:.1f} GiB)")
+    if not out:
+        relaxed, names = c, []
+        for text, change in steps:
+            relaxed = replace(relaxed, **change)  # type: ignore[arg-type]
+            names.append(text)
+            best = _try(replace(inp, constraints=relaxed))
+            if best:
+                out.append(
+                    f"{' + '.join(names)}: {best.layout.short()} fits "
+                    f"({best.memory.total_gib:.1f} GiB)"
+                )
+                break
+    out += _more_gpus(inp)
     return out or ["nothing tried fits: a larger-memory GPU or a smaller model is needed"]
+
+
+def _more_gpus(inp: PlanInput) -> list[str]:
+    for cons in (replace(inp.constraints, dp=None), Constraints()):
+        for factor in (2, 4, 8, 16):
+            cl = replace(inp.cluster, num_nodes=inp.cluster.num_nodes * factor)
+            best = _try(replace(inp, cluster=cl, constraints=cons))
+            if best:
+                how = " with every dimension searched" if cons == Constraints() else ""
+                return [
+                    f"{cl.num_nodes} nodes ({cl.world_size} GPUs){how}: "
+                    f"{best.layout.short()} fits ({best.memory.total_gib:.1f} GiB)"
+                ]
+    return []
 
 
 def _try(inp: PlanInput) -> Evaluation | None:

@@ -158,7 +158,9 @@ def quantized_bits_per_weight(
             num_weights *= d
         if packed is not None:
             num_weights *= 32 // packed_num_bits
-        aux = sum(tensors[f"{module}.{s}"].num_bytes for s in _AUX_SUFFIXES if f"{module}.{s}" in tensors)
+        aux = sum(
+            tensors[f"{module}.{s}"].num_bytes for s in _AUX_SUFFIXES if f"{module}.{s}" in tensors
+        )
         total_bits += (stored.num_bytes + aux) * 8
         total_weights += num_weights
         count += 1

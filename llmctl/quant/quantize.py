@@ -103,6 +103,7 @@ class QuantReport:
     ignore: list[str]
     size_before_bytes: int
     size_after_bytes: int
+    source_bits_per_weight: int
     bits_per_weight: float
     theoretical_bits_per_weight: float
     num_quantized_linears: int
@@ -224,11 +225,24 @@ def plan_quantization(request: QuantRequest) -> QuantPlan:
     )
 
 
+def _quiet_progress() -> None:
+    """tqdm reads TQDM_DISABLE when first imported: set it before any heavy import."""
+    if not os.environ.get("LLMCTL_VERBOSE"):
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+
 def _offline() -> None:
-    """Never reach a hub: saving re-reads config.json and falls back to a download otherwise."""
+    """Never reach a hub (saving re-reads config.json and falls back to a download otherwise);
+    keep llm-compressor's per-module log lines and progress bars out of the user's terminal."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not os.environ.get("LLMCTL_VERBOSE"):
+        from loguru import logger
+        from transformers.utils import logging as hf_logging
+
+        logger.disable("llmcompressor")
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _versions() -> dict[str, str]:
@@ -262,7 +276,7 @@ def calibration_dataset(split: calibration.TokenSplit) -> Any:
 
 def run_oneshot(model: Any, model_dir: Path, dataset: Any, spec: QuantSpec) -> Any:
     """Apply the recipe with llm-compressor's `oneshot` (calibrated when the spec needs it)."""
-    from llmcompressor import oneshot
+    from llmcompressor import oneshot  # type: ignore[attr-defined]
 
     from llmctl.quant.recipes import build_recipe
 
@@ -283,9 +297,25 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(src / name, dst / name)
 
 
-def _staging_dir(out: Path) -> Path:
+def staging_dir(out: Path) -> Path:
+    """A hidden sibling of `out` to write into (mode 0755, not mkdtemp's 0700)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    path = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o777 & ~umask)
+    return path
+
+
+def _set_config_dtype(model_dir: Path, dtype: str) -> None:
+    """Record the dtype the model was quantized in (llm-compressor keeps the source's)."""
+    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["dtype"] = name
+    if "torch_dtype" in config:
+        config["torch_dtype"] = name
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _publish(staging: Path, out: Path) -> None:
@@ -343,6 +373,7 @@ def _quantize_into(plan: QuantPlan, staging: Path, phases: _Phases, model_dir: P
     with phases.time("save"):
         model.save_pretrained(str(staging), save_compressed=True)
         _copy_tokenizer(model_dir, staging)
+        _set_config_dtype(staging, plan.request.dtype)
     del model
     return ppl_before
 
@@ -357,7 +388,7 @@ def run_quantization(plan: QuantPlan) -> QuantReport:
 
     _offline()
     req, phases, t0 = plan.request, _Phases(), time.perf_counter()
-    staging = _staging_dir(req.out)
+    staging = staging_dir(req.out)
     try:
         with tempfile.TemporaryDirectory(prefix=".llmctl-export-", dir=req.out.parent) as work:
             with PeakRss() as peak:
@@ -368,8 +399,8 @@ def run_quantization(plan: QuantPlan) -> QuantReport:
                     reloaded = load_model(staging, "fp32")
                     ppl_after = perplexity(reloaded, plan.split.heldout, plan.eval_seq_len)
                     del reloaded
-            size_before = hfdir.dir_size_bytes(model_dir)
-        report = _report(plan, staging, ppl_before, ppl_after, size_before, phases, peak, t0)
+            before = _source_stats(model_dir, plan)
+        report = _report(plan, staging, ppl_before, ppl_after, before, phases, peak, t0)
         (staging / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
         _publish(staging, req.out)
     except BaseException:
@@ -378,12 +409,23 @@ def run_quantization(plan: QuantPlan) -> QuantReport:
     return report
 
 
+def _source_stats(model_dir: Path, plan: QuantPlan) -> dict[str, Any]:
+    """Size of the source weights and the storage bits of its Linear weights."""
+    tensors = hfdir.read_tensors(model_dir)
+    first = next(iter(plan.linears))
+    info = tensors.get(f"{first}.weight")
+    return {
+        "size_bytes": hfdir.dir_size_bytes(model_dir),
+        "bits": hfdir.DTYPE_BITS.get(info.dtype, 0) if info is not None else 0,
+    }
+
+
 def _report(
     plan: QuantPlan,
     staging: Path,
     ppl_before: float,
     ppl_after: float,
-    size_before: int,
+    before: dict[str, Any],
     phases: _Phases,
     peak: Any,
     t0: float,
@@ -397,8 +439,9 @@ def _report(
         algorithm=spec.algorithm.value,
         group_size=spec.group_size,
         ignore=list(spec.ignore),
-        size_before_bytes=size_before,
+        size_before_bytes=int(before["size_bytes"]),
         size_after_bytes=hfdir.dir_size_bytes(staging),
+        source_bits_per_weight=int(before["bits"]),
         bits_per_weight=round(bits, 4),
         theoretical_bits_per_weight=round(plan.theoretical_bits, 4),
         num_quantized_linears=count,
@@ -416,6 +459,94 @@ def _report(
 
 
 def quantize(request: QuantRequest, *, dry_run: bool = False) -> QuantPlan | QuantReport:
-    """Plan, then (unless `dry_run`) run. The single entry point the CLI calls."""
+    """Plan, then (unless `dry_run`) run."""
     plan = plan_quantization(request)
     return plan if dry_run else run_quantization(plan)
+
+
+def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
+    """`QuantConfig` from `configs/quant/<name>.yaml` (or a YAML path), then `overrides`.
+
+    Raises:
+        UserError: Unknown preset or field.
+    """
+    import dataclasses
+
+    import yaml
+
+    from llmctl.config.resources import list_options, resource_dir
+    from llmctl.config.schema import QuantConfig
+
+    path = Path(name) if name.endswith((".yaml", ".yml")) else None
+    if path is None:
+        path = resource_dir("configs") / "quant" / f"{name}.yaml"
+        if not path.is_file():
+            known = ", ".join(list_options("quant"))
+            raise UserError(f"unknown quantization preset {name!r}; choose one of {known}")
+    data = {**(yaml.safe_load(path.read_text()) or {}), **(overrides or {})}
+    fields = {f.name for f in dataclasses.fields(QuantConfig)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise UserError(f"{path}: unknown quant field(s) {', '.join(unknown)}")
+    return QuantConfig(**data)
+
+
+def check_hardware(spec: QuantSpec) -> None:
+    """Refuse what this machine cannot run, before any heavy work.
+
+    Raises:
+        UserError: AWQ without CUDA: llm-compressor 0.14's AWQ pins host memory, which
+            needs an accelerator (measured: "Cannot access accelerator device").
+    """
+    import torch
+
+    if spec.algorithm.value == "awq" and not torch.cuda.is_available():
+        raise UserError(
+            "--algorithm awq needs a CUDA device (llm-compressor's AWQ pins host memory); "
+            "on CPU use --algorithm gptq"
+        )
+
+
+def quantize_source(
+    source: Path,
+    out: Path,
+    *,
+    preset: str = "default",
+    overrides: dict[str, Any] | None = None,
+    data_prefix: str | None = None,
+    step: int | None = None,
+    num_eval_tokens: int = DEFAULT_EVAL_TOKENS,
+    force: bool = False,
+    dry_run: bool = False,
+) -> QuantPlan | QuantReport:
+    """`llmctl quantize`: preset + CLI overrides -> checked spec -> plan -> run.
+
+    Args:
+        source: A llmctl run directory or a Hugging Face model directory.
+        out: Output directory (created complete, or not at all).
+        preset: Name in configs/quant/ (or a YAML path).
+        overrides: QuantConfig fields set on the command line (None values are dropped).
+        data_prefix: Indexed dataset for calibration and evaluation (default: the run's).
+        step: Checkpoint step for run directories (default: latest).
+        num_eval_tokens: Held-out tokens scored before and after.
+        force: Replace an existing output directory.
+        dry_run: Check and plan only.
+    """
+    from llmctl.quant.schemes import spec_from_config
+
+    _quiet_progress()
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    spec = spec_from_config(load_preset(preset, given))
+    if num_eval_tokens < 1:
+        raise UserError(f"--eval-tokens must be >= 1, got {num_eval_tokens}")
+    check_hardware(spec)
+    request = QuantRequest(
+        source=source,
+        out=out,
+        spec=spec,
+        data_prefix=data_prefix,
+        step=step,
+        num_eval_tokens=num_eval_tokens,
+        force=force,
+    )
+    return quantize(request, dry_run=dry_run)

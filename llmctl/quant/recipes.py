@@ -54,7 +54,7 @@ def build_recipe(spec: QuantSpec) -> list[Any]:
     if spec.algorithm == Algorithm.GPTQ:
         recipe.append(GPTQModifier(config_groups=groups, ignore=ignore))
     elif spec.algorithm == Algorithm.AWQ:
-        recipe.append(AWQModifier(config_groups=groups, ignore=ignore))
+        recipe.append(AWQModifier(config_groups=groups, ignore=ignore))  # type: ignore[no-untyped-call]
     else:
         recipe.append(QuantizationModifier(config_groups=groups, ignore=ignore))
     return recipe

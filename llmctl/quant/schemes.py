@@ -129,7 +129,9 @@ def spec_from_config(quant: Any) -> QuantSpec:
         if int(getattr(quant, name)) < 1:
             raise UserError(f"quant.{name} must be >= 1, got {getattr(quant, name)}")
     if not 0.0 < float(quant.smoothing_strength) < 1.0:
-        raise UserError(f"quant.smoothing_strength must be in (0, 1), got {quant.smoothing_strength}")
+        raise UserError(
+            f"quant.smoothing_strength must be in (0, 1), got {quant.smoothing_strength}"
+        )
     return QuantSpec(
         scheme=scheme,
         algorithm=algorithm,

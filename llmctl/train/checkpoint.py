@@ -270,11 +270,8 @@ class DistCheckpointer:
     """
 
     def __init__(self, cfg: Any, run_dir: Path, plan: dict[str, Any] | None = None) -> None:
-        import torch.distributed as dist
-
         self.cfg, self.policy, self.plan = cfg, cfg.checkpoint, plan or {}
         self.root = Path(run_dir) / "checkpoints"
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.enabled = self.policy.interval > 0
         self.queue: Any = None
         self.pending: _Pending | None = None
@@ -288,6 +285,20 @@ class DistCheckpointer:
         self.loaded_step: int | None = None
         if self.enabled:
             self._install_handlers()
+
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    @property
+    def world(self) -> int:
+        """Number of ranks in the job."""
+        import torch.distributed as dist
+
+        return dist.get_world_size()
 
     # ----- collectives (no-ops with one rank) -----
     def _all_max(self, value: int) -> int:
@@ -333,7 +344,9 @@ class DistCheckpointer:
             return
         found = None
         if self.rank == 0:
-            store.clean_stale(self.root)
+            stale = store.clean_stale(self.root)
+            if stale:
+                log.info("removed leftovers of interrupted saves: %s", ", ".join(sorted(stale)))
             valid, skipped = store.newest_valid(self.root, full=True)
             for v in skipped:
                 log.warning("checkpoint %s is invalid (%s); skipping it", v.path.name, v.reason)
@@ -347,7 +360,10 @@ class DistCheckpointer:
         """Load one (validated) checkpoint directory into `state`."""
         from megatron.core import dist_checkpointing
 
+        from llmctl.train.ckpt_safe import load_metadata
+
         t0 = time.perf_counter()
+        load_metadata(ckpt_dir / ".metadata")  # rejects a .metadata naming unsafe globals
         saved = json.loads((ckpt_dir / store.TRAIN_STATE).read_text())
         changed = check_compatible(saved, self.cfg, state.layout)
         sd = sharded_state_dict(state, is_loading=True)
@@ -448,7 +464,7 @@ class DistCheckpointer:
             try:
                 if tmp.exists():
                     shutil.rmtree(tmp)
-                (tmp / store.RNG_DIR).mkdir(parents=True)
+                tmp.mkdir(parents=True)
                 store.write_json_durable(tmp / ".probe.json", {"step": step})
                 (tmp / ".probe.json").unlink()
             except OSError as e:

@@ -28,6 +28,11 @@ from typing import Any
 
 _INSTALLED = False
 _MODE: Any = None
+_SAVED: dict[tuple[Any, str], Any] = {}
+_CUDA_PATCHES = (
+    "current_device Stream Event current_stream default_stream stream synchronize empty_cache "
+    "set_device memory_allocated max_memory_allocated memory_reserved reset_peak_memory_stats"
+).split()
 
 
 class _NullStream:
@@ -138,6 +143,9 @@ def _make_mode() -> Any:
 def _patch_torch_cuda() -> None:
     import torch
 
+    for name in _CUDA_PATCHES:
+        _SAVED[(torch.cuda, name)] = getattr(torch.cuda, name)
+    _SAVED[(torch.Tensor, "record_stream")] = torch.Tensor.record_stream
     cpu = torch.device("cpu")
     torch.cuda.current_device = lambda: cpu  # type: ignore[assignment,return-value]
     torch.cuda.Stream = _NullStream  # type: ignore[assignment,misc]
@@ -218,10 +226,26 @@ def install() -> None:
         return
     if torch.cuda.is_available():
         raise RuntimeError("cpu_compat.install() called on a machine with CUDA; refusing")
+    import warnings
+
+    # megatron-core announces at import that it falls back from TE/Apex: expected on CPU.
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*", category=UserWarning)
     _patch_torch_cuda()
     _MODE = _make_mode()
     _MODE.__enter__()
     _INSTALLED = True
+
+
+def uninstall() -> None:
+    """Undo `install()` (used after in-process runs so other code sees plain torch again)."""
+    global _INSTALLED, _MODE
+    if not _INSTALLED:
+        return
+    _MODE.__exit__(None, None, None)
+    for (owner, name), value in _SAVED.items():
+        setattr(owner, name, value)
+    _SAVED.clear()
+    _MODE, _INSTALLED = None, False
 
 
 def is_installed() -> bool:

@@ -2,7 +2,8 @@
 
 `resolve_data` runs before any training process starts (no torch): it checks that every
 `.bin/.idx` prefix is readable, builds or finds the demo corpus when no prefix is given, and
-checks the tokenizer's vocabulary against the model's. The per-rank side (`build_datasets`,
+checks the tokenizer's vocabulary against the model's (from `data.tokenizer`, else from the
+`<prefix>.manifest.json` that `llmctl data preprocess` writes). The per-rank side (`build_datasets`,
 `MicroBatches`) follows megatron's pretraining sampler: every optimizer step consumes
 `global_batch_size` consecutive samples of the (shuffled) dataset; micro-batch k of step t on
 DP rank r holds samples `t*gbs + k*mbs*dp + r*mbs ... + mbs`. Every layout therefore sees the
@@ -72,18 +73,39 @@ def tokenizer_info(path: str) -> tuple[int, int]:
     return tok.get_vocab_size(with_added_tokens=True), eod
 
 
-def _demo_data(cfg: Any) -> tuple[str, str | None]:
-    """Build (or reuse) the demo corpus; returns (prefix, tokenizer.json path or None)."""
+def _demo_data(cfg: Any) -> str:
+    """Build (or reuse) the demo corpus under the cache directory; returns its prefix."""
+    from llmctl.data.demo import prepare_demo_data
+
+    return str(prepare_demo_data(default_cache_dir(cfg)))
+
+
+def manifest_tokenizer(prefix: str) -> dict[str, Any] | None:
+    """The tokenizer record `llmctl data preprocess` left in `<prefix>.manifest.json`, if any."""
+    path = Path(prefix + ".manifest.json")
+    if not path.is_file():
+        return None
     try:
-        from llmctl.data.demo import prepare_demo_data
-    except ImportError as e:
-        raise UserError(
-            "no data.prefixes given and the demo corpus builder (llmctl.data.demo) is "
-            "unavailable; pass data.prefixes=[PREFIX]"
-        ) from e
-    prefix = str(prepare_demo_data(default_cache_dir(cfg)))
-    tok = Path(prefix).parent / "tokenizer.json"
-    return prefix, (str(tok) if tok.is_file() else None)
+        tok = json.loads(path.read_text()).get("tokenizer")
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not readable JSON ({e}); rerun `llmctl data preprocess`") from e
+    return tok if isinstance(tok, dict) else None
+
+
+def _tokenizer_facts(prefixes: list[str], tok_path: str | None) -> tuple[str | None, int | None, int]:
+    """(tokenizer path, vocab size, EOD id) from data.tokenizer or the datasets' manifests."""
+    if tok_path:
+        vocab, eod = tokenizer_info(tok_path)
+        return tok_path, vocab, eod
+    records = [(p, t) for p in prefixes if (t := manifest_tokenizer(p)) is not None]
+    digests = {t.get("sha256") for _, t in records}
+    if len(digests) > 1:
+        names = ", ".join(p for p, _ in records)
+        raise UserError(f"data.prefixes were tokenized with different tokenizers: {names}")
+    if not records:
+        return None, None, 0
+    tok = records[0][1]
+    return tok.get("path"), int(tok["vocab_size"]), int(tok.get("eod", 0))
 
 
 def resolve_data(cfg: Any) -> DataSpec:
@@ -93,10 +115,7 @@ def resolve_data(cfg: Any) -> DataSpec:
         UserError: Missing/unreadable prefix, weight count mismatch, or a tokenizer whose
             vocabulary is larger than `model.vocab_size`.
     """
-    prefixes, tok_path = list(cfg.data.prefixes), cfg.data.tokenizer
-    if not prefixes:
-        prefix, demo_tok = _demo_data(cfg)
-        prefixes, tok_path = [prefix], tok_path or demo_tok
+    prefixes = list(cfg.data.prefixes) or [_demo_data(cfg)]
     for prefix in prefixes:
         check_prefix(prefix)
     weights = cfg.data.weights
@@ -104,14 +123,12 @@ def resolve_data(cfg: Any) -> DataSpec:
         raise UserError(
             f"data.weights has {len(weights)} entries but data.prefixes has {len(prefixes)}"
         )
-    vocab, eod = (None, 0)
-    if tok_path:
-        vocab, eod = tokenizer_info(tok_path)
-        if vocab > cfg.model.vocab_size:
-            raise UserError(
-                f"tokenizer {tok_path} has {vocab} tokens but model.vocab_size="
-                f"{cfg.model.vocab_size}; set model.vocab_size >= {vocab}"
-            )
+    tok_path, vocab, eod = _tokenizer_facts(prefixes, cfg.data.tokenizer)
+    if vocab is not None and vocab > cfg.model.vocab_size:
+        raise UserError(
+            f"tokenizer {tok_path} has {vocab} tokens but model.vocab_size="
+            f"{cfg.model.vocab_size}; set model.vocab_size >= {vocab} or retokenize"
+        )
     return DataSpec(
         prefixes=tuple(prefixes),
         weights=None if weights is None else tuple(float(w) for w in weights),

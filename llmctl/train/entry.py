@@ -2,7 +2,8 @@
 
 Runs under torchrun (any number of ranks) or as one plain process. Reads RUN_DIR/config.yaml
 and RUN_DIR/plan.json, trains, writes RUN_DIR/metrics.jsonl, RUN_DIR/logs/rank<N>.log and
-RUN_DIR/perf.json, and exits 0. The `__main__` guard matters: checkpoint writers start a
+RUN_DIR/perf.json, and exits 0 (2 on a user error; a checkpointer that stops the run, e.g. on
+preemption, exits with its own code). The `__main__` guard matters: checkpoint writers start a
 `spawn` multiprocessing Manager, which re-imports this module.
 """
 
@@ -46,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_resolved(run_dir / CONFIG_FILE)
+        plan = read_plan(run_dir)
         parallel.init_distributed()
-        train(cfg, run_dir, plan=read_plan(run_dir))
+        from llmctl.train.checkpoint import make_checkpointer
+
+        train(cfg, run_dir, plan=plan, checkpointer=make_checkpointer(cfg, run_dir, plan))
     except UserError as e:
         logging.getLogger("llmctl.train").error("Error: %s", e.message)
         return 2

@@ -2,7 +2,7 @@
 
 Under torchrun the rendezvous comes from the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
 ...). As a single plain process (in-process tests, `python -m llmctl.train.entry` without
-torchrun) a one-rank group is started on a free local port: megatron-core calls
+torchrun) a one-rank group is started on an in-memory store: megatron-core calls
 `torch.distributed` unconditionally (e.g. `BlendedDataset` asks for the rank). Backend: NCCL on
 GPUs, gloo on CPU.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 from dataclasses import dataclass
 
 from llmctl.train.layout import TrainLayout
@@ -25,12 +24,6 @@ class DistEnv:
     world_size: int
     local_rank: int
     on_gpu: bool
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def world_size_from_env() -> int:
@@ -52,16 +45,16 @@ def init_distributed(timeout_minutes: int = 30) -> DistEnv:
         cpu_compat.install()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        timeout = datetime.timedelta(minutes=timeout_minutes)
+        backend = "nccl" if on_gpu else "gloo"
         if on_gpu:
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(
-            backend="nccl" if on_gpu else "gloo",
-            timeout=datetime.timedelta(minutes=timeout_minutes),
-        )
+        if "RANK" in os.environ:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:  # one plain process: an in-memory store, no port, environment untouched
+            dist.init_process_group(
+                backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            )
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, on_gpu)
 
 

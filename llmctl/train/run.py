@@ -191,7 +191,11 @@ def train(
     if data_spec is None:
         data_spec = _resolve_data_rank0_first(cfg, rank)
     trainer = Trainer(cfg, layout, run_dir, data_spec)
-    ckpt = checkpointer or NullCheckpointer()
+    if checkpointer is None:  # issue 5 seam: DistCheckpointer unless checkpointing is off
+        from llmctl.train.checkpoint import make_checkpointer
+
+        checkpointer = make_checkpointer(cfg, run_dir, plan)
+    ckpt = checkpointer
     ckpt.load(trainer.state)
     obs = _Observer(cfg, run_dir, layout, on_gpu, rank)
     t = cfg.train
@@ -249,14 +253,16 @@ def run_in_process(
     """
     import torch.distributed as dist
 
-    from llmctl.train import parallel
+    from llmctl.train import cpu_compat, parallel
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    created = not dist.is_initialized()
+    created, had_compat = not dist.is_initialized(), cpu_compat.is_installed()
     parallel.init_distributed()
     try:
         return train(cfg, run_dir, checkpointer=checkpointer)
     finally:
         if created and dist.is_initialized():
             dist.destroy_process_group()
+        if not had_compat:
+            cpu_compat.uninstall()

@@ -1,0 +1,154 @@
+"""`llmctl export hf` and `llmctl quantize`: parse, call one library function, render."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from llmctl.cli.common import DryRunOpt, JsonOpt
+
+export_app = typer.Typer(help="Export a llmctl checkpoint to another format.", no_args_is_help=True)
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)]
+StepOpt = Annotated[int | None, typer.Option("--step", help="Checkpoint step (default: latest).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")]
+
+
+@export_app.command("hf")
+def export_hf(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (config.yaml, checkpoints/).")],
+    out: OutOpt,
+    step: StepOpt = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="tokenizer.json (default: the run's).")
+    ] = None,
+    force: ForceOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a Hugging Face model directory (LlamaForCausalLM) from a run's checkpoint."""
+    from llmctl.quant.export import export_run
+
+    result = export_run(run_dir, out, step=step, tokenizer=tokenizer, force=force)
+    if json_out:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    typer.echo(
+        f"exported step {result.step} -> {result.out} ({result.architecture}, "
+        f"{result.num_parameters:,} parameters, {result.size_bytes / 2**20:.1f} MiB)"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _render_report(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{data['scheme']} {data['algorithm']} -> {data['out']}")
+    for col in ("", "before", "after", "change"):
+        table.add_column(col, justify="right" if col else "left")
+    size_ratio = data["size_after_bytes"] / max(data["size_before_bytes"], 1)
+    table.add_row(
+        "weights size",
+        _mib(data["size_before_bytes"]),
+        _mib(data["size_after_bytes"]),
+        f"x{size_ratio:.3f}",
+    )
+    table.add_row(
+        "bits/weight (quantized Linears)",
+        str(data["source_bits_per_weight"]),
+        f"{data['bits_per_weight']:.3f}",
+        f"theory {data['theoretical_bits_per_weight']:.3f}",
+    )
+    table.add_row(
+        f"perplexity ({data['num_eval_tokens']} held-out tokens)",
+        f"{data['perplexity_before']:.4f}",
+        f"{data['perplexity_after']:.4f}",
+        f"{data['perplexity_change_pct']:+.3f}%",
+    )
+    phases = ", ".join(f"{k} {v:.1f}s" for k, v in data["phase_s"].items())
+    table.add_row("wall time", "", f"{data['wall_s']:.1f} s", phases)
+    table.add_row("peak RSS", "", _mib(data["peak_rss_bytes"]), "")
+    Console().print(table)
+
+
+def _render_plan(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="quantization plan (dry run: nothing written)")
+    table.add_column("field")
+    table.add_column("value")
+    for key, value in data.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+def quantize(
+    source: Annotated[Path, typer.Argument(help="A llmctl run directory or a HF model dir.")],
+    out: OutOpt,
+    preset: Annotated[
+        str, typer.Option("--preset", help="configs/quant/<NAME>.yaml (or a YAML path).")
+    ] = "default",
+    scheme: Annotated[
+        str | None, typer.Option("--scheme", help="W8A16, W4A16, W8A8 or FP8_DYNAMIC.")
+    ] = None,
+    algorithm: Annotated[str | None, typer.Option("--algorithm", help="rtn, gptq or awq.")] = None,
+    group_size: Annotated[
+        int | None, typer.Option("--group-size", help="Weight group size (<= 0: per channel).")
+    ] = None,
+    ignore: Annotated[
+        list[str] | None,
+        typer.Option("--ignore", help="Module left unquantized (repeat; 're:' for regex)."),
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", help="Indexed dataset prefix (default: the run's).")
+    ] = None,
+    num_samples: Annotated[
+        int | None, typer.Option("--num-samples", help="Calibration sequences.")
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="Tokens per calibration sequence.")
+    ] = None,
+    eval_tokens: Annotated[
+        int, typer.Option("--eval-tokens", help="Held-out tokens scored before and after.")
+    ] = 16384,
+    step: StepOpt = None,
+    force: ForceOpt = False,
+    json_out: JsonOpt = False,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Quantize to a compressed-tensors model (transformers and vLLM load it) and report."""
+    from llmctl.quant.quantize import quantize_source
+
+    overrides = {
+        "scheme": scheme,
+        "algorithm": algorithm,
+        "group_size": group_size,
+        "ignore": ignore,
+        "num_calibration_samples": num_samples,
+        "calibration_seq_length": seq_len,
+    }
+    result = quantize_source(
+        source,
+        out,
+        preset=preset,
+        overrides=overrides,
+        data_prefix=data,
+        step=step,
+        num_eval_tokens=eval_tokens,
+        force=force,
+        dry_run=dry_run,
+    )
+    payload = result.as_dict()
+    if json_out:
+        typer.echo(json.dumps(payload, indent=2))
+    elif dry_run:
+        _render_plan(payload)
+    else:
+        _render_report(payload)

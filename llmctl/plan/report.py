@@ -1,0 +1,55 @@
+"""Plain-dict views of planner results (for `--json` and run records). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl.plan.flops import step_flops
+from llmctl.plan.search import Evaluation, PlanResult
+
+
+def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
+    """One layout: degrees, stage split, memory and time terms, rates."""
+    r = ev.rates
+    return {
+        "layout": ev.layout.as_dict(),
+        "name": ev.layout.short(),
+        "stage_split": {
+            "first": ev.split.first,
+            "middle": ev.split.middle,
+            "last": ev.split.last,
+            "method": ev.split.method,
+        },
+        "fits": ev.fits,
+        "memory_gib": {
+            "stage": ev.memory.stage,
+            "total": ev.memory.total_gib,
+            **ev.memory.terms(),
+        },
+        "time_s": {"total": ev.time.total_s, **ev.time.terms()},
+        "step_s": r.step_s,
+        "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+        "tflops_per_gpu": r.tflops_per_gpu,
+        "mfu": r.mfu,
+        "time_to_train_s": r.time_to_train_s,
+    }
+
+
+def result_dict(res: PlanResult) -> dict[str, Any]:
+    """The whole plan: inputs in brief, ranking, rejections, suggestions."""
+    inp = res.input
+    return {
+        "model": inp.model.name,
+        "cluster": inp.cluster.name,
+        "world_size": inp.cluster.world_size,
+        "global_batch_size": inp.run.global_batch_size,
+        "compute_dtype": inp.run.compute_dtype,
+        "model_flops_per_step": step_flops(inp.model, inp.run.global_batch_size),
+        "usable_gib": res.usable_gib,
+        "num_candidates": res.num_candidates,
+        "num_fitting": sum(1 for p in res.points if p[2]),
+        "ranked": [evaluation_dict(e) for e in res.ranked],
+        "closest": evaluation_dict(res.closest) if res.closest else None,
+        "rejections": [{"reason": r.reason, "count": r.count} for r in res.rejections],
+        "suggestions": list(res.suggestions),
+    }

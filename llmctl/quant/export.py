@@ -1,0 +1,519 @@
+"""`llmctl export hf`: a megatron-core distributed checkpoint to a Hugging Face model directory.
+
+How the weights are gathered: megatron-core's `torch_dist` checkpoints store every tensor under
+a global key with its global shape, whatever TP/PP/VPP/DP layout saved it (decoder layers are
+stacked along a leading layer axis). llmctl reads the tensor metadata, keeps the model's keys and
+asks `dist_checkpointing.load` for each whole tensor, in one process with a one-rank gloo group:
+no model is built, and any saved layout reads the same way.
+
+How names map (Llama family, `LlamaForCausalLM`):
+
+- `embedding.word_embeddings.weight` -> `model.embed_tokens.weight`; `output_layer.weight` ->
+  `lm_head.weight` (or tied); `decoder.final_layernorm.weight` -> `model.norm.weight`.
+- `linear_qkv.layer_norm_weight` (or local-spec `input_layernorm.weight`) ->
+  `input_layernorm.weight`; `linear_fc1.layer_norm_weight` (or `pre_mlp_layernorm.weight`) ->
+  `post_attention_layernorm.weight`.
+- `linear_qkv.weight` is fused per query group: for each of the G groups, its H/G query heads,
+  then one key head, then one value head (each `head_dim` rows). Reshaped to
+  [G, H/G + 2, head_dim, hidden] and split, which also gives Hugging Face's GQA order (query
+  head i uses key/value head i // (H/G)).
+- `linear_fc1.weight` holds [gate; up] (SwiGLU), split in halves -> `gate_proj`, `up_proj`;
+  `linear_fc2.weight` -> `down_proj`; `linear_proj.weight` -> `o_proj`. Biases follow weights.
+
+RoPE: megatron's default (non-interleaved halves, `rotary_percent` 1) is Hugging Face Llama's
+`rotate_half` convention, so no permutation of Q/K rows is needed.
+
+GPT-style models (LayerNorm, GeLU, learned absolute positions) would map to `GPT2LMHeadModel`
+only when every shape matches GPT-2's (biases everywhere, multi-head attention, tied
+embeddings); that exporter is not written yet, so they are refused with a clear error, as are
+MoE models and any mix of the two styles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import UserError
+
+DEFAULT_MAX_SHARD_BYTES = 2 << 30
+_MODEL_KEY = re.compile(r"^(?:model\d*\.)?((?:embedding|decoder|output_layer)\..+)$")
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(?:(\d+)\.)?(.+)$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCheckpoint:
+    """A committed, validated checkpoint of a llmctl run, and what the run trained with."""
+
+    run_dir: Path
+    path: Path
+    step: int
+    model: Any  # cfg.model of the run
+    tokenizer: Path | None
+    data_prefix: str | None
+
+
+def _v(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def _run_data(cfg: Any) -> tuple[str | None, str | None]:
+    """(first data prefix, tokenizer.json path) the run trained with, when they can be found."""
+    prefix = cfg.data.prefixes[0] if cfg.data.prefixes else None
+    tokenizer = cfg.data.tokenizer
+    if prefix is None or tokenizer is None:
+        try:
+            from llmctl.train.data import resolve_data
+
+            spec = resolve_data(cfg)
+            prefix, tokenizer = prefix or spec.prefixes[0], tokenizer or spec.tokenizer_path
+        except UserError:
+            pass
+    return prefix, tokenizer
+
+
+def _pick_step(ckpt_root: Path, step: int | None) -> int:
+    from llmctl.train import ckpt_store as store
+
+    steps = store.committed_steps(ckpt_root)
+    if not steps:
+        raise UserError(
+            f"no committed checkpoint in {ckpt_root}; train with checkpoint.interval > 0"
+        )
+    if step is None:
+        latest = store.read_latest(ckpt_root)
+        return latest if latest in steps else steps[-1]
+    if step not in steps:
+        raise UserError(f"no checkpoint for step {step} in {ckpt_root}; saved steps: {steps}")
+    return step
+
+
+def find_run_checkpoint(
+    run_dir: Path, step: int | None = None, tokenizer: Path | None = None
+) -> RunCheckpoint:
+    """Find and validate (sizes, checksums, shard list) the checkpoint to export.
+
+    Args:
+        run_dir: The run directory (config.yaml, checkpoints/).
+        step: The step to export; None = the `latest` pointer.
+        tokenizer: Override of the tokenizer used in training.
+
+    Raises:
+        UserError: Not a run directory, no checkpoint, or the checkpoint is incomplete/corrupt.
+    """
+    from llmctl.config import load_resolved
+    from llmctl.train import ckpt_store as store
+
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} is not a llmctl run directory (no config.yaml)")
+    cfg = load_resolved(run_dir / "config.yaml")
+    ckpt_root = run_dir / "checkpoints"
+    chosen = _pick_step(ckpt_root, step)
+    check = store.validate(ckpt_root / store.iter_name(chosen), full=True)
+    if not check.ok:
+        good, _ = store.newest_valid(ckpt_root, full=False)
+        hint = f"; --step {good.step} is complete" if good is not None else ""
+        raise UserError(f"checkpoint {check.path} is not usable: {check.reason}{hint}")
+    prefix, tok = _run_data(cfg)
+    tok_path = tokenizer or (Path(tok) if tok else None)
+    return RunCheckpoint(
+        run_dir=run_dir,
+        path=check.path,
+        step=chosen,
+        model=cfg.model,
+        tokenizer=tok_path,
+        data_prefix=prefix,
+    )
+
+
+def check_exportable(model: Any) -> None:
+    """Raise `UserError` unless the model maps onto `LlamaForCausalLM`."""
+    if model.num_experts:
+        raise UserError(
+            f"model {model.name}: MoE export (num_experts={model.num_experts}) is not supported"
+        )
+    fields = {
+        "normalization": (_v(model.normalization), "rmsnorm"),
+        "activation": (_v(model.activation), "swiglu"),
+        "position_embedding": (_v(model.position_embedding), "rope"),
+    }
+    wrong = {k: have for k, (have, want) in fields.items() if have != want}
+    if len(wrong) == len(fields):
+        raise UserError(
+            f"model {model.name} is GPT-style (LayerNorm, GeLU, learned positions): export to "
+            "GPT2LMHeadModel is not implemented; llmctl exports Llama-style models "
+            "(normalization=rmsnorm, activation=swiglu, position_embedding=rope)"
+        )
+    if wrong:
+        got = ", ".join(f"{k}={v}" for k, v in wrong.items())
+        raise UserError(
+            f"model {model.name} has {got}: no Hugging Face architecture matches this mix; "
+            "llmctl exports Llama-style models (rmsnorm, swiglu, rope)"
+        )
+
+
+def hf_architecture(model: Any) -> str:
+    """The Hugging Face class the export writes."""
+    check_exportable(model)
+    return "LlamaForCausalLM"
+
+
+def _head_dim(model: Any) -> int:
+    return int(model.kv_channels or model.hidden_size // model.num_attention_heads)
+
+
+def hf_linear_shapes(model: Any) -> dict[str, tuple[int, int]]:
+    """Module name -> (out, in) of every Linear the export will contain (for pre-checks)."""
+    h, f, d = model.hidden_size, model.ffn_hidden_size, _head_dim(model)
+    q, kv = model.num_attention_heads * d, model.num_query_groups * d
+    shapes: dict[str, tuple[int, int]] = {}
+    for i in range(model.num_layers):
+        p = f"model.layers.{i}"
+        shapes |= {
+            f"{p}.self_attn.q_proj": (q, h),
+            f"{p}.self_attn.k_proj": (kv, h),
+            f"{p}.self_attn.v_proj": (kv, h),
+            f"{p}.self_attn.o_proj": (h, q),
+            f"{p}.mlp.gate_proj": (f, h),
+            f"{p}.mlp.up_proj": (f, h),
+            f"{p}.mlp.down_proj": (h, f),
+        }
+    shapes["lm_head"] = (model.vocab_size, h)
+    return shapes
+
+
+@contextmanager
+def _one_rank_group() -> Iterator[None]:
+    """A one-rank gloo group for megatron's loader (reuses one that is already running)."""
+    import torch.distributed as dist
+
+    created = False
+    if not dist.is_initialized():
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        created = True
+    try:
+        yield
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+@contextmanager
+def _weights_only() -> Iterator[None]:
+    """Every torch.load inside (megatron's common.pt) refuses arbitrary pickles."""
+    old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = old
+
+
+def load_model_tensors(ckpt_dir: Path) -> dict[str, Any]:
+    """Whole model tensors of a torch_dist checkpoint, by megatron key (optimizer state skipped)."""
+    from megatron.core import dist_checkpointing
+
+    with _one_rank_group(), _weights_only():
+        metadata = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
+        wanted = {k: v for k, v in metadata.items() if _MODEL_KEY.match(k)}
+        if not wanted:
+            raise UserError(f"checkpoint {ckpt_dir} holds no model tensors")
+        loaded = dist_checkpointing.load(wanted, str(ckpt_dir), validate_access_integrity=False)
+    return {m.group(1): t for k, t in loaded.items() if k in wanted and (m := _MODEL_KEY.match(k))}
+
+
+def _layer_tensors(state: dict[str, Any], num_layers: int) -> list[dict[str, Any]]:
+    """Per-layer dicts {suffix: tensor} from stacked ([L, ...]) or numbered keys."""
+    layers: list[dict[str, Any]] = [{} for _ in range(num_layers)]
+    for key, tensor in state.items():
+        m = _LAYER_KEY.match(key)
+        if m is None:
+            continue
+        if m.group(1) is not None:
+            layers[int(m.group(1))][m.group(2)] = tensor
+        else:
+            if tensor.shape[0] != num_layers:
+                raise UserError(
+                    f"{key}: {tensor.shape[0]} stacked layers, config says {num_layers}"
+                )
+            for i in range(num_layers):
+                layers[i][m.group(2)] = tensor[i]
+    return layers
+
+
+_RENAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "input_layernorm.weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "self_attention.linear_proj.bias": "self_attn.o_proj.bias",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "mlp.linear_fc2.bias": "mlp.down_proj.bias",
+}
+
+
+def split_qkv(qkv: Any, model: Any) -> tuple[Any, Any, Any]:
+    """Split megatron's group-interleaved fused QKV (weight or bias) into Q, K, V."""
+    d, g = _head_dim(model), model.num_query_groups
+    per = model.num_attention_heads // g
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(g, per + 2, d, *rest)
+    q = grouped[:, :per].reshape(g * per * d, *rest)
+    k = grouped[:, per].reshape(g * d, *rest)
+    v = grouped[:, per + 1].reshape(g * d, *rest)
+    return q, k, v
+
+
+def _convert_layer(i: int, tensors: dict[str, Any], model: Any) -> dict[str, Any]:
+    p, out = f"model.layers.{i}.", dict[str, Any]()
+    for suffix, tensor in tensors.items():
+        kind = suffix.rsplit(".", 1)[-1]
+        if suffix.startswith("self_attention.linear_qkv.") and kind in ("weight", "bias"):
+            q, k, v = split_qkv(tensor, model)
+            out |= {
+                f"{p}self_attn.{n}_proj.{kind}": t for n, t in zip("qkv", (q, k, v), strict=True)
+            }
+        elif suffix.startswith("mlp.linear_fc1.") and kind in ("weight", "bias"):
+            gate, up = tensor.chunk(2, dim=0)
+            out |= {f"{p}mlp.gate_proj.{kind}": gate, f"{p}mlp.up_proj.{kind}": up}
+        elif suffix in _RENAMES:
+            out[p + _RENAMES[suffix]] = tensor
+        else:
+            raise UserError(f"checkpoint tensor decoder.layers.{suffix} has no Llama counterpart")
+    return out
+
+
+def megatron_to_hf_llama(state: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Hugging Face Llama state dict (contiguous tensors) from megatron's global tensors."""
+    out: dict[str, Any] = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"]}
+    out["model.norm.weight"] = state["decoder.final_layernorm.weight"]
+    if not model.tied_embeddings:
+        if "output_layer.weight" not in state:
+            raise UserError("checkpoint has no output_layer.weight but the model is untied")
+        out["lm_head.weight"] = state["output_layer.weight"]
+    for i, tensors in enumerate(_layer_tensors(state, model.num_layers)):
+        out |= _convert_layer(i, tensors, model)
+    leftovers = sorted(k for k in state if not _LAYER_KEY.match(k) and k not in _TOP_LEVEL_KEYS)
+    if leftovers:
+        raise UserError(f"checkpoint tensors with no Llama counterpart: {', '.join(leftovers)}")
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+_TOP_LEVEL_KEYS = {
+    "embedding.word_embeddings.weight",
+    "decoder.final_layernorm.weight",
+    "output_layer.weight",
+}
+
+
+def _torch_dtype_name(state: dict[str, Any]) -> str:
+    import torch
+
+    dtype = state["model.embed_tokens.weight"].dtype
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
+
+
+# Generic PretrainedConfig fields that say nothing about a causal LM checkpoint.
+_NOISE_KEYS = {
+    "id2label", "label2id", "return_dict", "output_hidden_states", "output_attentions",
+    "chunk_size_feed_forward", "problem_type", "is_encoder_decoder", "_name_or_path",
+}  # fmt: skip
+
+
+def llama_config(model: Any, dtype: str, eos_id: int | None) -> dict[str, Any]:
+    """config.json contents for `LlamaForCausalLM` (written through transformers' own class)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=model.vocab_size,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_hidden_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.num_query_groups,
+        head_dim=_head_dim(model),
+        max_position_embeddings=model.max_position_embeddings or model.seq_length,
+        rms_norm_eps=model.norm_epsilon,
+        rope_parameters={"rope_type": "default", "rope_theta": float(model.rotary_base)},
+        tie_word_embeddings=bool(model.tied_embeddings),
+        attention_bias=bool(model.add_bias_linear),
+        mlp_bias=bool(model.add_bias_linear),
+        hidden_act="silu",
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        architectures=["LlamaForCausalLM"],
+    )
+    data = {k: v for k, v in config.to_dict().items() if k not in _NOISE_KEYS}
+    data["dtype"] = dtype
+    data["torch_dtype"] = dtype  # older readers (transformers 4.x, vLLM) look for this key
+    data["rope_theta"] = float(model.rotary_base)  # and for this one
+    return data
+
+
+def write_safetensors(
+    state: dict[str, Any], out: Path, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> list[str]:
+    """Shards `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json`."""
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, Any]] = [{}]
+    size = total = 0
+    for name in sorted(state):
+        nbytes = state[name].numel() * state[name].element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = state[name]
+        size += nbytes
+        total += nbytes
+    names: list[str] = []
+    weight_map: dict[str, str] = {}
+    for k, shard in enumerate(shards, start=1):
+        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        names.append(fname)
+        weight_map |= dict.fromkeys(shard, fname)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return names
+
+
+def _eos_token(tokenizer_json: Path) -> tuple[str | None, int | None]:
+    from tokenizers import Tokenizer
+
+    from llmctl.train.data import EOD_CANDIDATES
+
+    config = tokenizer_json.with_name("tokenizer_config.json")
+    names: list[str] = []
+    if config.is_file():
+        eos = json.loads(config.read_text()).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        names = [eos] if isinstance(eos, str) else []
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    for name in [*names, *EOD_CANDIDATES]:
+        if (i := tok.token_to_id(name)) is not None:
+            return name, int(i)
+    return None, None
+
+
+def write_tokenizer(tokenizer_json: Path, out: Path, max_length: int) -> int | None:
+    """Copy tokenizer.json and write a tokenizer_config.json naming its EOS token.
+
+    Returns:
+        The EOS id (None when the tokenizer has no recognizable EOS token).
+    """
+    if not tokenizer_json.is_file():
+        raise UserError(f"tokenizer {tokenizer_json} not found; pass --tokenizer PATH")
+    eos, eos_id = _eos_token(tokenizer_json)
+    shutil.copy2(tokenizer_json, out / "tokenizer.json")
+    src = tokenizer_json.with_name("tokenizer_config.json")
+    config = json.loads(src.read_text()) if src.is_file() else {}
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    if eos is not None:
+        for key in ("eos_token", "bos_token"):
+            config.setdefault(key, eos)
+    config["model_max_length"] = max_length
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return eos_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExportResult:
+    """What `export_hf` wrote."""
+
+    out: Path
+    step: int
+    architecture: str
+    num_parameters: int
+    size_bytes: int
+    shards: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "out": str(self.out),
+            "step": self.step,
+            "architecture": self.architecture,
+            "num_parameters": self.num_parameters,
+            "size_bytes": self.size_bytes,
+            "shards": self.shards,
+        }
+
+
+def _write_dir(ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int) -> tuple[int, list[str]]:
+    model = ckpt.model
+    state = megatron_to_hf_llama(load_model_tensors(ckpt.path), model)
+    max_len = int(model.max_position_embeddings or model.seq_length)
+    eos_id = write_tokenizer(ckpt.tokenizer, staging, max_len) if ckpt.tokenizer else None
+    config = llama_config(model, _torch_dtype_name(state), eos_id)
+    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "do_sample": False}
+    (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    shards = write_safetensors(state, staging, max_shard_bytes)
+    return sum(int(t.numel()) for t in state.values()), shards
+
+
+def export_hf(
+    ckpt: RunCheckpoint, out: Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> ExportResult:
+    """Write the Hugging Face directory; it appears under `out` only once complete.
+
+    Raises:
+        UserError: Unsupported architecture, unmapped tensors, missing tokenizer.
+    """
+    check_exportable(ckpt.model)
+    if ckpt.tokenizer is None:
+        raise UserError(f"run {ckpt.run_dir}: tokenizer not found; pass --tokenizer PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from llmctl.quant.quantize import staging_dir
+
+    staging = staging_dir(out)
+    try:
+        num_params, shards = _write_dir(ckpt, staging, max_shard_bytes)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    size = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    return ExportResult(
+        out=out,
+        step=ckpt.step,
+        architecture="LlamaForCausalLM",
+        num_parameters=num_params,
+        size_bytes=size,
+        shards=shards,
+    )
+
+
+def export_run(
+    run_dir: Path,
+    out: Path,
+    *,
+    step: int | None = None,
+    tokenizer: Path | None = None,
+    force: bool = False,
+) -> ExportResult:
+    """`llmctl export hf`: find, validate and export a run's checkpoint."""
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UserError(f"output {out} already exists; choose another --out or pass --force")
+    ckpt = find_run_checkpoint(run_dir, step, tokenizer)
+    check_exportable(ckpt.model)
+    return export_hf(ckpt, out)

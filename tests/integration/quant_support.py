@@ -1,0 +1,105 @@
+"""Builders shared by the quantization/export tests: a corpus, a tokenizer, an indexed dataset,
+a tiny Llama trained a few dozen steps with transformers, and a reference perplexity.
+
+The model's Linear input dims (hidden 128, FFN 256) are multiples of 128 so group-128 schemes
+apply to every Linear. Training makes perplexity meaningful (far below the vocabulary size), so
+quantization error shows up in it.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+VOCAB = 512
+HIDDEN = 128
+FFN = 256
+SEQ = 128
+
+
+def corpus(max_bytes: int = 700_000) -> list[str]:
+    """Python standard-library sources (always on disk, no download)."""
+    texts, size = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(errors="ignore")
+        texts.append(text)
+        size += len(text)
+        if size > max_bytes:
+            break
+    return texts
+
+
+def build_data(root: Path, vocab: int = VOCAB) -> tuple[Path, str]:
+    """Train a BPE tokenizer and write the corpus as an indexed dataset (one doc per file)."""
+    from llmctl.data.indexed import ShardWriter
+    from llmctl.data.tokenizer import Tokenizer, resolve_tokenizer, train_bpe
+
+    texts = corpus()
+    tok_json = train_bpe(texts, root / "tokenizer", vocab_size=vocab)
+    tok = Tokenizer(resolve_tokenizer(tok_json))
+    docs = [np.asarray([*ids, tok.eod], dtype=np.uint16) for ids in tok.encode_batch(texts)]
+    prefix = root / "corpus_text_document"
+    writer = ShardWriter(prefix, np.uint16)
+    writer.add_documents(np.concatenate(docs), np.asarray([len(d) for d in docs]))
+    writer.close()
+    return tok_json, str(prefix)
+
+
+def train_llama(root: Path, tok_json: Path, prefix: str, steps: int = 60) -> Path:
+    """A 2-layer GQA Llama trained with AdamW on the first half of the corpus; saved as HF dir."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmctl.data.indexed import read_documents
+
+    tokens = torch.from_numpy(np.concatenate(read_documents(prefix)).astype(np.int64))
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 2 shared cores: oversubscription costs 20x here
+    try:
+        gen = torch.Generator().manual_seed(0)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for _ in range(steps):
+            starts = torch.randint(0, len(tokens) // 2 - SEQ, (8,), generator=gen)
+            batch = torch.stack([tokens[s : s + SEQ] for s in starts])
+            model(input_ids=batch, labels=batch).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    out = root / "hf_model"
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok_json.parent / name, out / name)
+    return out
+
+
+def reference_perplexity(model_dir: Path, tokens: np.ndarray, seq_len: int) -> float:
+    """Perplexity as a user would compute it: transformers' own loss on fp32 reloads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    n = len(tokens) // seq_len
+    windows = torch.from_numpy(np.asarray(tokens[: n * seq_len], dtype=np.int64)).view(n, seq_len)
+    total = 0.0
+    with torch.no_grad():
+        for w in windows:
+            loss = model(input_ids=w[None], labels=w[None]).loss  # mean over seq_len - 1
+            total += float(loss) * (seq_len - 1)
+    return math.exp(total / (n * (seq_len - 1)))

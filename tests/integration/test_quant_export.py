@@ -1,0 +1,162 @@
+"""`llmctl export hf` from a real llmctl training run (megatron-core, CPU, one rank).
+
+Oracle: transformers loads the export and its logits on held-out tokens match the logits of
+megatron-core's own GPTModel loaded from the same checkpoint (fp32, max abs diff < 1e-4).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("transformers")
+
+from quant_support import FFN, HIDDEN, SEQ, VOCAB, build_data
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.errors import UserError
+from llmctl.quant.calibration import open_tokens
+from llmctl.quant.export import export_run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A llmctl run directory with committed checkpoints at steps 10 and 20."""
+    import torch
+
+    from llmctl.config import compose
+    from llmctl.train.checkpoint import make_checkpointer
+    from llmctl.train.rundir import create_run_dir
+    from llmctl.train.run import run_in_process
+
+    root = tmp_path_factory.mktemp("export")
+    tok_json, prefix = build_data(root)
+    run_dir = root / "run"
+    cfg = compose(
+        "tiny_cpu",
+        [
+            f"model.hidden_size={HIDDEN}",
+            f"model.ffn_hidden_size={FFN}",
+            f"model.vocab_size={VOCAB}",
+            f"model.seq_length={SEQ}",
+            f"data.prefixes=[{prefix}]",
+            f"data.tokenizer={tok_json}",
+            "checkpoint.interval=10",
+            "train.train_iters=20",
+            "train.lr=3e-3",
+            f"train.run_dir={run_dir}",
+        ],
+    )
+    create_run_dir(cfg, None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_in_process(cfg, run_dir, checkpointer=make_checkpointer(cfg, run_dir))
+    finally:
+        torch.set_num_threads(threads)
+    return {"root": root, "run": run_dir, "prefix": prefix, "cfg": cfg}
+
+
+def _megatron_logits(cfg: object, ckpt_dir: Path, tokens: np.ndarray) -> np.ndarray:
+    """Logits of megatron's GPTModel (TP=1) loaded from the checkpoint."""
+    import torch
+    from megatron.core import dist_checkpointing
+
+    from llmctl.train import cpu_compat, parallel
+    from llmctl.train import model as M
+    from llmctl.train.layout import TrainLayout
+    from llmctl.train.precision import recipe_for
+
+    parallel.init_distributed()
+    layout = TrainLayout(
+        tp=1, pp=1, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
+        sequence_parallel=False, recompute="none", optimizer_sharding="none",
+    )  # fmt: skip
+    try:
+        parallel.init_model_parallel(layout, 1, False)
+        mc = cfg.model  # type: ignore[attr-defined]
+        tc = M.transformer_config(
+            mc, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=False  # type: ignore[attr-defined]
+        )
+        [model] = M.build_model_chunks(mc, tc, layout, use_te=False, seed=1)
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
+        model.load_state_dict(state["model"])
+        model.eval()
+        ids = torch.from_numpy(tokens)
+        pos = torch.arange(ids.shape[1]).expand_as(ids)
+        with torch.no_grad():
+            return model(ids, pos, None).float().numpy()
+    finally:
+        parallel.teardown(destroy_process_group=True)
+        cpu_compat.uninstall()
+
+
+def test_export_logits_match_megatron(run: dict) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(run["root"]) / "hf"
+    result = export_run(Path(run["run"]), out)
+    assert result.step == 20 and result.architecture == "LlamaForCausalLM"
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert (config["num_key_value_heads"], config["head_dim"]) == (2, HIDDEN // 4)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {p.name for p in out.glob("*.safetensors")}
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert tok.eos_token == "<|endoftext|>"
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == tok.eos_token_id
+
+    tokens = np.asarray(open_tokens(run["prefix"])[-2 * SEQ :], dtype=np.int64).reshape(2, SEQ)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf_logits = hf(input_ids=torch.from_numpy(tokens)).logits.numpy()
+    ref = _megatron_logits(run["cfg"], Path(run["run"]) / "checkpoints" / "iter_0000020", tokens)
+    assert np.abs(ref).max() > 1.0  # trained logits, not a near-uniform init
+    assert np.abs(hf_logits - ref).max() < 1e-4
+
+
+def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "hf10"
+    res = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out), "--step", "10"])
+    assert res.exit_code == 0, res.output
+    assert (out / "config.json").is_file()
+    again = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.output
+
+    broken = tmp_path / "broken"
+    shutil.copytree(run["run"], broken)
+    (broken / "checkpoints" / "iter_0000020" / "manifest.json").unlink()
+    with pytest.raises(UserError, match=r"manifest.json missing.*--step 10"):
+        export_run(broken, tmp_path / "x")
+    shutil.rmtree(broken / "checkpoints")
+    (broken / "checkpoints").mkdir()
+    with pytest.raises(UserError, match="no committed checkpoint"):
+        export_run(broken, tmp_path / "x")
+
+
+def test_quantize_run_dir_exports_on_the_fly(run: dict) -> None:
+    from llmctl.quant.quantize import quantize_source
+
+    out = Path(run["root"]) / "q8"
+    report = quantize_source(
+        Path(run["run"]),
+        out,
+        overrides={"scheme": "W8A16", "algorithm": "rtn", "calibration_seq_length": SEQ},
+        num_eval_tokens=4 * SEQ,
+    ).as_dict()
+    assert report["source"] == str(run["run"])
+    assert report["bits_per_weight"] == pytest.approx(8.125)
+    assert abs(report["perplexity_change_pct"]) < 0.5
+    assert (out / "quant_report.json").is_file() and (out / "tokenizer.json").is_file()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith((".q8", ".llmctl-export"))]

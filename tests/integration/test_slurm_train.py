@@ -1,0 +1,118 @@
+"""`llmctl train launcher=slurm` on a real one-node SLURM cluster (scripts/slurm_local.sh).
+
+Real daemons, real sbatch/srun/scontrol, real torchrun and megatron-core: a 2-rank job trains
+the tiny model to the end and its metrics land in the run directory; a USR1 time-limit notice
+reaches the batch shell, which stops the ranks and requeues the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.launch.jobs import follow_logs, run_status
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multiproc, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm_local.sh"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[None]:
+    """The local cluster, brought up if needed and stopped again only if this fixture started it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: scripts/slurm_local.sh runs the SLURM daemons as root")
+    if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
+        pytest.skip("no SLURM client tools and no apt-get to install them")
+    was_up = subprocess.run([SCRIPT, "status"], capture_output=True).returncode == 0
+    subprocess.run([SCRIPT, "up"], check=True, timeout=300)
+    yield
+    if not was_up:
+        subprocess.run([SCRIPT, "down"], check=False, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def toy_prefix(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small Megatron indexed dataset (.bin/.idx): runs of consecutive token ids."""
+    import numpy as np
+
+    from llmctl.data.indexed import ShardWriter
+
+    prefix = tmp_path_factory.mktemp("data") / "toy"
+    rng = np.random.default_rng(0)
+    starts, lengths = rng.integers(0, 4000, 300), rng.integers(50, 200, 300)
+    docs = [np.arange(s, s + n) % 4096 for s, n in zip(starts, lengths, strict=True)]
+    writer = ShardWriter(prefix, np.uint16)
+    writer.add_documents(np.concatenate(docs), np.array([len(d) for d in docs]))
+    writer.close()
+    return str(prefix)
+
+
+def _submit(run_dir: Path, toy_prefix: str, *extra: str) -> str:
+    args = ["train", "recipe=tiny_cpu", "launcher=slurm", "--dp", "2", f"train.run_dir={run_dir}",
+            f"data.prefixes=[{toy_prefix}]", "train.eval_interval=0", "--json", *extra]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return str(json.loads(res.output)["job_id"])
+
+
+def test_slurm_job_trains_two_ranks_to_the_end(
+    slurm_cluster: None, toy_prefix: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    job_id = _submit(run_dir, toy_prefix, "train.train_iters=3")
+    chunks: list[str] = []
+    final = follow_logs(run_dir, chunks.append, follow=True, poll_s=0.3, timeout_s=150)
+    log = "".join(chunks)
+    assert final is not None and final.state == "COMPLETED", log[-3000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(s["loss"] > 0 for s in steps)
+    assert (run_dir / "logs" / "rank1.log").is_file()  # two ranks ran
+    assert f"llmctl: job {job_id} (restart 0)" in log
+    by_id = run_status(job_id)  # the job id alone finds the run dir through WorkDir
+    assert by_id.state == "COMPLETED" and by_id.run_dir == str(run_dir) and by_id.step == 3
+    status = runner.invoke(app, ["status", str(run_dir), "--json"])
+    assert json.loads(status.output)["state"] == "COMPLETED"
+
+
+def test_time_limit_signal_stops_ranks_and_requeues(
+    slurm_cluster: None, toy_prefix: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    job_id = _submit(run_dir, toy_prefix, "train.train_iters=100000")
+    metrics, out = run_dir / "metrics.jsonl", run_dir / f"slurm-{job_id}.out"
+    try:
+        _wait(lambda: metrics.is_file() and metrics.stat().st_size > 0, 120, "first step")
+        # What --signal=B:USR1@90 does before the time limit, sent now.
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True)
+        _wait(lambda: "requeueing job" in out.read_text(), 90, "requeue")
+        text = out.read_text()
+        assert "caught SIGUSR1: asking the ranks to checkpoint and exit" in text
+        # torchrun got SIGTERM and shut its workers down gracefully (it gives them 30 s);
+        # signalling srun instead would have cancelled the step at once ("forcing job
+        # termination", task Killed).
+        assert "death signal, shutting down workers" in text
+        assert "forcing job termination" not in text
+        _wait(lambda: (run_status(job_id).restarts or 0) >= 1, 30, "Restarts >= 1")
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+
+
+def _wait(cond: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

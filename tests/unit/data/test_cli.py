@@ -1,0 +1,50 @@
+"""`llmctl data ...` through Typer's CliRunner: JSON summaries and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+
+runner = CliRunner()
+
+
+def test_preprocess_json_summary(tmp_path: Path, corpus: Path, hf_tokenizer: Path) -> None:
+    prefix = tmp_path / "ds"
+    args = ["data", "preprocess", str(corpus), "-o", str(prefix), "-t", str(hf_tokenizer)]
+    result = runner.invoke(app, [*args, "-j", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["num_docs"] == 60 and summary["tokens_per_s"] > 0
+    assert (tmp_path / "ds.idx").exists() and (tmp_path / "ds.manifest.json").exists()
+
+
+def test_dedup_dry_run_json(tmp_path: Path, write_jsonl) -> None:
+    path = write_jsonl(tmp_path / "in.jsonl", ["same text here", "same text here", "other"])
+    result = runner.invoke(app, ["data", "dedup", str(path), "--dry-run", "-j", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["num_kept"] == 2 and report["num_exact_removed"] == 1
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, hf_tokenizer: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"txt": "no field"}\n')
+    args = ["data", "preprocess", str(bad), "-o", str(tmp_path / "x"), "-t", str(hf_tokenizer)]
+    result = runner.invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    assert "bad.jsonl:2: missing text field" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_tokenizer_train_and_corpus(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    result = runner.invoke(app, ["data", "corpus", str(corpus), "--max-docs", "20", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["num_docs"] == 20
+    args = ["data", "tokenizer", "train", str(corpus), "-o", str(tmp_path / "t")]
+    result = runner.invoke(app, [*args, "--vocab-size", "400", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["vocab_size"] == 400

@@ -1,0 +1,98 @@
+"""preprocess: Megatron reads every output and the ids equal the tokenizer's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmctl.data import indexed
+from llmctl.data.manifest import manifest_path
+from llmctl.data.preprocess import PreprocessConfig, preprocess
+from llmctl.data.readers import OnError
+from llmctl.data.tokenizer import Tokenizer, resolve_tokenizer
+from llmctl.errors import UserError
+
+
+def _cfg(inputs: list[Path], prefix: Path, tok: Path, **kw) -> PreprocessConfig:
+    return PreprocessConfig(
+        inputs=[str(p) for p in inputs], output_prefix=str(prefix), tokenizer=str(tok), **kw
+    )
+
+
+def _expected(tok_path: Path, texts: list[str]) -> list[list[int]]:
+    tok = Tokenizer(resolve_tokenizer(tok_path))
+    return [[*ids, tok.eod] for ids in tok.encode_batch(texts)]
+
+
+def test_megatron_reads_tokens_equal_to_direct_encoding(
+    tmp_path: Path, corpus: Path, corpus_texts: list[str], hf_tokenizer: Path
+) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    prefix = tmp_path / "out"
+    summary = preprocess(_cfg([corpus], prefix, hf_tokenizer, num_workers=2, chunk_bytes=100_000))
+    ds = IndexedDataset(str(prefix))
+    expected = _expected(hf_tokenizer, corpus_texts)
+    assert len(ds) == len(expected) == summary.num_docs
+    assert all(ds[i].tolist() == e for i, e in enumerate(expected))
+    assert ds.index.dtype == np.uint16
+    assert summary.num_tokens == sum(map(len, expected)) and summary.num_chunks > 2
+    manifest = json.loads(manifest_path(prefix).read_text())
+    assert manifest["counts"]["tokens"] == summary.num_tokens
+    assert manifest["inputs"][0]["sha256"] and manifest["tokenizer"]["sha256"]
+    assert not prefix.with_name("out.llmctl-tmp").exists()
+
+
+def test_worker_count_and_chunking_do_not_change_bytes(
+    tmp_path: Path, corpus: Path, hf_tokenizer: Path
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    preprocess(_cfg([corpus], a, hf_tokenizer, num_workers=1))
+    preprocess(_cfg([corpus], b, hf_tokenizer, num_workers=2, chunk_bytes=50_000))
+    for path in (indexed.bin_path, indexed.idx_path):
+        assert path(a).read_bytes() == path(b).read_bytes()
+
+
+def test_interrupted_run_commits_nothing_and_resumes(
+    tmp_path: Path, corpus: Path, hf_tokenizer: Path
+) -> None:
+    prefix = tmp_path / "r"
+    cfg = _cfg([corpus], prefix, hf_tokenizer, num_workers=1, chunk_bytes=100_000)
+    seen = {"docs": 0}
+
+    def interrupt(update) -> None:
+        seen["docs"] += update.docs
+        if seen["docs"] > 30:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(cfg, on_progress=interrupt)
+    assert not indexed.bin_path(prefix).exists() and not indexed.idx_path(prefix).exists()
+    resumed = preprocess(cfg)
+    assert resumed.num_chunks_resumed > 0
+    fresh = preprocess(_cfg([corpus], tmp_path / "f", hf_tokenizer, num_workers=1))
+    assert indexed.bin_path(prefix).read_bytes() == indexed.bin_path(tmp_path / "f").read_bytes()
+    assert resumed.num_tokens == fresh.num_tokens
+
+
+def test_bad_input_fails_with_location_and_commits_nothing(
+    tmp_path: Path, hf_tokenizer: Path
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "good"}\n{"text": "also good"}\n{broken\n')
+    prefix = tmp_path / "o"
+    with pytest.raises(UserError, match=r"bad\.jsonl:3: invalid JSON"):
+        preprocess(_cfg([path], prefix, hf_tokenizer))
+    assert not indexed.idx_path(prefix).exists()
+    summary = preprocess(_cfg([path], prefix, hf_tokenizer, on_error=OnError.SKIP))
+    assert summary.num_docs == 2 and summary.problems["counts"] == {"invalid JSON": 1}
+
+
+def test_tokenizer_larger_than_model_vocab_is_refused(
+    tmp_path: Path, corpus: Path, hf_tokenizer: Path
+) -> None:
+    with pytest.raises(UserError, match="1024 tokens but the model's vocabulary is 512"):
+        preprocess(_cfg([corpus], tmp_path / "v", hf_tokenizer, model_vocab_size=512))

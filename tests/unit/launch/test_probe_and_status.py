@@ -1,0 +1,54 @@
+"""Pure judgements: a host probe's findings (loopback traps) and scontrol's one-line records."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmctl.errors import UserError
+from llmctl.launch.jobs import RunStatus, parse_scontrol
+from llmctl.launch.torchrun import check_probe
+
+PY = "/venv/bin/python"
+
+
+def _probe(host: str = "n1", rdzv: str = "10.0.0.1", self_addr: str = "10.0.0.2") -> str:
+    return f"host={host}\nrdzv={rdzv}\nself={self_addr}\npython=ok\n"
+
+
+def test_healthy_probe_passes() -> None:
+    check_probe("n1", "n0", _probe(), PY, multi_node=True, env={})
+
+
+@pytest.mark.parametrize(
+    ("output", "needle"),
+    [
+        (_probe(rdzv="127.0.1.1"), "rendezvous host n0 resolves to 127.0.1.1 (loopback) on n1"),
+        (_probe(self_addr="127.0.1.1"), "host n1 calls itself 'n1', which resolves to 127.0.1.1"),
+        (_probe(rdzv=""), "rendezvous host n0 does not resolve on n1"),
+        (_probe().replace("python=ok", "python=missing"), f"{PY} not found on host n1"),
+    ],
+)
+def test_probe_findings_are_explained(output: str, needle: str) -> None:
+    with pytest.raises(UserError) as err:
+        check_probe("n1", "n0", output, PY, multi_node=True, env={})
+    assert needle in err.value.message
+
+
+def test_loopback_is_fine_on_one_node_and_with_an_interface_set() -> None:
+    check_probe("n0", "n0", _probe(rdzv="127.0.0.1", self_addr="127.0.0.1"), PY, False, {})
+    check_probe("n1", "n0", _probe(self_addr="127.0.1.1"), PY, True, {"GLOO_SOCKET_IFNAME": "ib0"})
+
+
+def test_parse_scontrol_keeps_values_with_spaces() -> None:
+    line = (
+        "JobId=12 JobName=my job UserId=root(0) JobState=RUNNING Reason=None Restarts=1 "
+        "RunTime=00:00:05 NodeList=vm WorkDir=/tmp/a b StdOut=/tmp/a b/slurm-12.out"
+    )
+    rec = parse_scontrol(line)
+    assert rec["JobName"] == "my job" and rec["JobState"] == "RUNNING"
+    assert rec["WorkDir"] == "/tmp/a b" and rec["Restarts"] == "1"
+
+
+def test_terminal_states() -> None:
+    assert RunStatus(run_dir=None, kind="slurm", state="COMPLETED").finished
+    assert not RunStatus(run_dir=None, kind="slurm", state="PENDING").finished

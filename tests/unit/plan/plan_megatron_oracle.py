@@ -1,0 +1,132 @@
+"""Count parameters per rank of real megatron-core GPTModels on CPU (the oracle of test_params).
+
+Run by `test_params_match_megatron` in 2 spawned gloo ranks: for each shape and each (TP, PP)
+in {(1, 1), (2, 1), (1, 2)}, every rank builds its model chunk with the local (non-TE) layer
+spec and reports `sum(p.numel())`. Not a test module (no `test_` prefix).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama_gqa": dict(
+        num_layers=4,
+        hidden_size=64,
+        ffn_hidden_size=160,
+        num_attention_heads=8,
+        num_query_groups=2,
+        vocab_size=256,
+        swiglu=True,
+        rmsnorm=True,
+        bias=False,
+        tied=False,
+        rope=True,
+        experts=0,
+    ),
+    "gpt_mha_tied": dict(
+        num_layers=2,
+        hidden_size=48,
+        ffn_hidden_size=192,
+        num_attention_heads=4,
+        num_query_groups=4,
+        vocab_size=128,
+        swiglu=False,
+        rmsnorm=False,
+        bias=True,
+        tied=True,
+        rope=False,
+        experts=0,
+    ),
+    "moe_top2": dict(
+        num_layers=2,
+        hidden_size=32,
+        ffn_hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        vocab_size=64,
+        swiglu=True,
+        rmsnorm=True,
+        bias=False,
+        tied=False,
+        rope=True,
+        experts=4,
+    ),
+}
+SEQ = 16
+LAYOUTS = ((1, 1), (2, 1), (1, 2))
+
+
+def _build(shape: dict[str, Any], tp: int, pp: int) -> int:
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from llmctl.train import cpu_compat
+
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    cpu_compat.seed_model_parallel_rng(1234, ps.get_tensor_model_parallel_rank())
+    norm = "RMSNorm" if shape["rmsnorm"] else "LayerNorm"
+    cfg = TransformerConfig(
+        num_layers=shape["num_layers"],
+        hidden_size=shape["hidden_size"],
+        ffn_hidden_size=shape["ffn_hidden_size"],
+        num_attention_heads=shape["num_attention_heads"],
+        num_query_groups=shape["num_query_groups"],
+        normalization=norm,
+        gated_linear_unit=shape["swiglu"],
+        activation_func=F.silu if shape["swiglu"] else F.gelu,
+        add_bias_linear=shape["bias"],
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        use_cpu_initialization=True,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        num_moe_experts=shape["experts"] or None,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=shape["ffn_hidden_size"] if shape["experts"] else None,
+    )
+    spec = get_gpt_layer_local_spec(num_experts=shape["experts"] or None, normalization=norm)
+    model = GPTModel(
+        config=cfg,
+        transformer_layer_spec=spec,
+        vocab_size=shape["vocab_size"],
+        max_sequence_length=SEQ,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=shape["tied"],
+        position_embedding_type="rope" if shape["rope"] else "learned_absolute",
+    )
+    return sum(p.numel() for p in model.parameters())
+
+
+def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One gloo rank: count every (shape, layout) and write `rank<r>.json`."""
+    import json
+
+    import torch.distributed as dist
+
+    from llmctl.train import cpu_compat
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cpu_compat.install()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    counts = {
+        f"{name}/{tp}/{pp}": _build(shape, tp, pp)
+        for name, shape in SHAPES.items()
+        for tp, pp in LAYOUTS
+    }
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(counts, fh)
+    dist.destroy_process_group()

@@ -1,0 +1,86 @@
+"""`llmctl plan` through Typer's CliRunner, and every shipped recipe planned on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.config import compose, list_recipes
+from llmctl.config.planning import plan_config
+
+runner = CliRunner()
+R70 = "recipe=llama3_70b_pretrain_64gpu_h100_fp8"
+
+
+def test_table_rejections_and_time_to_train() -> None:
+    res = runner.invoke(app, ["plan", R70])
+    assert res.exit_code == 0, res.output
+    assert "Fastest layouts that fit" in res.output
+    assert "TP=16 does not divide 8 query groups" in res.output
+    assert "Time to train" in res.output
+
+
+def test_json_and_fixed_dims() -> None:
+    res = runner.invoke(app, ["plan", R70, "--tp", "4", "--pp", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["world_size"] == 64 and data["ranked"]
+    assert {(r["layout"]["tp"], r["layout"]["pp"]) for r in data["ranked"]} == {(4, 8)}
+    best = data["ranked"][0]
+    assert best["fits"] and best["memory_gib"]["total"] <= data["usable_gib"]
+    assert best["time_s"]["total"] == pytest.approx(best["step_s"])
+
+
+def test_explain_and_plot(tmp_path: Path) -> None:
+    png = tmp_path / "plan.png"
+    res = runner.invoke(app, ["plan", R70, "--explain", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert "Memory of the worst rank" in res.output and "bubble" in res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_impossible_layout_is_a_one_line_user_error() -> None:
+    res = runner.invoke(app, ["plan", R70, "--tp", "8", "--pp", "3"])
+    assert res.exit_code == 2
+    assert "64 GPUs not divisible by TP*PP*CP = 8*3*1" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_nothing_fits_says_what_would() -> None:
+    res = runner.invoke(app, ["plan", R70, "--nodes", "1", "--tp", "1", "--pp", "1", "--cp", "1"])
+    assert res.exit_code == 0, res.output
+    assert "Nothing fits" in res.output and "nodes" in res.output
+
+
+def test_calibrate_from_perf_json(tmp_path: Path) -> None:
+    base = json.loads(runner.invoke(app, ["plan", R70, "--json"]).output)["ranked"][0]
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "perf.json").write_text(
+        json.dumps(
+            {
+                "cluster": "dgx_h100",
+                "layout": base["layout"],
+                "dtype": "fp8",
+                "predicted_step_s": base["step_s"],
+                "measured_step_s": 2 * base["step_s"],
+                "predicted_peak_mem_gib": base["memory_gib"]["total"],
+                "measured_peak_mem_gib": None,
+            }
+        )
+    )
+    res = runner.invoke(app, ["plan", R70, "--json", "--calibrate", str(run)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["ranked"][0]["step_s"] > 1.5 * base["step_s"]
+    bad = runner.invoke(app, ["plan", R70, "--calibrate", str(tmp_path / "missing")])
+    assert bad.exit_code == 2 and "no perf.json in" in bad.output
+
+
+@pytest.mark.parametrize("recipe", sorted(list_recipes()))
+def test_every_shipped_recipe_composes_and_plans(recipe: str) -> None:
+    res = plan_config(compose(recipe, []))
+    assert res.best is not None, (recipe, res.suggestions)
