@@ -1,9 +1,10 @@
 """Preprocess throughput and memory: llmctl vs Megatron-LM's tools/preprocess_data.py.
 
-Side by side in one run, same input (the Python stdlib corpus, JSONL), same tokenizer (a
-byte-level BPE trained here, loaded by Megatron-LM as --tokenizer-type HuggingFaceTokenizer),
-same worker count. Also checks that both write byte-identical .bin/.idx, and measures llmctl's
-peak RSS on a 1x and a 10x input.
+Side by side in one run, same input, same tokenizer (a byte-level BPE trained here, loaded by
+Megatron-LM as --tokenizer-type HuggingFaceTokenizer), same worker count. Two inputs: the
+Python stdlib corpus (one source file per document, ~15 kB each) and the same text cut into
+~1.5 kB documents (web-page sized, where per-document overhead shows). Also checks that both
+tools write byte-identical .bin/.idx, and measures llmctl's peak RSS on a 1x and a 10x input.
 
     python benchmarks/data_preprocess.py --megatron-lm /tmp/Megatron-LM [--workers 1 2]
 
@@ -47,18 +48,35 @@ def measure(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     return result
 
 
-def prepare(work: Path) -> tuple[Path, Path]:
-    """The stdlib corpus (all files) and a 4096-token BPE trained on it."""
+def prepare(work: Path, max_docs: int | None) -> tuple[Path, Path]:
+    """The stdlib corpus and a 4096-token BPE trained on it."""
     from llmctl.data.corpus import build_demo_corpus
     from llmctl.data.tokenizer import train_tokenizer
 
     corpus = work / "corpus.jsonl"
     if not corpus.exists():
-        build_demo_corpus(corpus, max_docs=None)
+        build_demo_corpus(corpus, max_docs=max_docs)
     tok = work / "tok"
     if not (tok / "tokenizer.json").exists():
         train_tokenizer([str(corpus)], tok, vocab_size=4096)
     return corpus, tok
+
+
+def short_docs(corpus: Path, out: Path, target_bytes: int = 1500) -> Path:
+    """The same text cut into ~1.5 kB documents at blank lines (web-page-sized documents)."""
+    if out.exists():
+        return out
+    with open(corpus, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as g:
+        for line in f:
+            doc: list[str] = []
+            for para in json.loads(line)["text"].split("\n\n"):
+                doc.append(para)
+                if sum(map(len, doc)) >= target_bytes:
+                    g.write(json.dumps({"text": "\n\n".join(doc)}) + "\n")
+                    doc = []
+            if doc and "".join(doc).strip():
+                g.write(json.dumps({"text": "\n\n".join(doc)}) + "\n")
+    return out
 
 
 def llmctl_cmd(inp: Path, prefix: Path, tok: Path, workers: int) -> list[str]:
@@ -79,41 +97,56 @@ def same_bytes(a: str, b: str) -> bool:
     return all(Path(a + s).read_bytes() == Path(b + s).read_bytes() for s in (".bin", ".idx"))
 
 
+def compare(args: argparse.Namespace, inputs: dict[str, Path], tok: Path) -> list[dict]:
+    """Both tools on every input and worker count."""
+    mlm_env = {"PYTHONPATH": f"{args.megatron_lm}:{args.megatron_pythonpath}"}
+    rows = []
+    for label, inp in inputs.items():
+        for w in args.workers:
+            ours = args.work / f"llmctl_{label}_w{w}"
+            theirs = args.work / f"megatron_{label}_w{w}"
+            m_ours = measure(llmctl_cmd(inp, ours, tok, w))
+            m_theirs = measure(megatron_cmd(args.megatron_lm, inp, theirs, tok, w), mlm_env)
+            counts = json.loads(Path(f"{ours}.manifest.json").read_text())["counts"]
+            rows.append({"input": label, "workers": w, "input_mb": inp.stat().st_size / 1e6,
+                         "docs": counts["documents"], "tokens": counts["tokens"],
+                         "llmctl": m_ours, "megatron": m_theirs,
+                         "byte_equal": same_bytes(str(ours), f"{theirs}_text_document"),
+                         "speedup": m_theirs["wall_s"] / m_ours["wall_s"]})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def memory(args: argparse.Namespace, base: Path, tok: Path) -> dict:
+    """llmctl's peak RSS (largest process) on an input and on 10 copies of it, 2 workers."""
+    big = args.work / "memory_x10.jsonl"
+    if not big.exists():
+        data = base.read_bytes()
+        with open(big, "wb") as f:
+            for _ in range(10):
+                f.write(data)
+    out = {}
+    for name, inp in (("1x", base), ("10x", big)):
+        out[name] = measure(llmctl_cmd(inp, args.work / f"mem_{name}", tok, 2))
+        out[name]["input_mb"] = inp.stat().st_size / 1e6
+        print(json.dumps({name: out[name]}), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megatron-lm", type=Path, required=True)
     parser.add_argument("--megatron-pythonpath", default="")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--max-docs", type=int, default=None, help="corpus size (None: all)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/llmctl-bench-preprocess"))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    corpus, tok = prepare(args.work)
-    size_mb = corpus.stat().st_size / 1e6
-    mlm_env = {"PYTHONPATH": f"{args.megatron_lm}:{args.megatron_pythonpath}"}
-    rows = []
-    for w in args.workers:
-        ours = args.work / f"llmctl_w{w}"
-        theirs = args.work / f"megatron_w{w}"
-        m_ours = measure(llmctl_cmd(corpus, ours, tok, w))
-        m_theirs = measure(megatron_cmd(args.megatron_lm, corpus, theirs, tok, w), mlm_env)
-        manifest = json.loads(Path(f"{ours}.manifest.json").read_text())
-        tokens = manifest["counts"]["tokens"]
-        equal = same_bytes(str(ours), f"{theirs}_text_document")
-        rows.append({"workers": w, "input_mb": size_mb, "tokens": tokens,
-                     "llmctl": m_ours, "megatron": m_theirs, "byte_equal": equal,
-                     "speedup": m_theirs["wall_s"] / m_ours["wall_s"]})  # fmt: skip
-        print(json.dumps(rows[-1]), flush=True)
-    big = args.work / "corpus_x10.jsonl"
-    if not big.exists():
-        with open(big, "wb") as f:
-            for _ in range(10):
-                f.write(corpus.read_bytes())
-    memory = {}
-    for name, inp in (("1x", corpus), ("10x", big)):
-        memory[name] = measure(llmctl_cmd(inp, args.work / f"mem_{name}", tok, 2))
-        memory[name]["input_mb"] = inp.stat().st_size / 1e6
-        print(json.dumps({name: memory[name]}), flush=True)
-    report = {"date": time.strftime("%Y-%m-%d"), "rows": rows, "memory": memory}
+    corpus, tok = prepare(args.work, args.max_docs)
+    inputs = {"files": corpus, "short": short_docs(corpus, args.work / "corpus_short.jsonl")}
+    rows = compare(args, inputs, tok)
+    mem = memory(args, inputs["short"], tok)
+    report = {"date": time.strftime("%Y-%m-%d"), "rows": rows, "memory": mem}
     (args.work / "results.json").write_text(json.dumps(report, indent=2))
     print(f"results in {args.work / 'results.json'}")
 

@@ -142,8 +142,8 @@ up() {
     if [[ $(wc -l <"$DIR/hostfile") == "$n" ]] && status >/dev/null 2>&1; then
       log "already up: $n hosts (hostfile $DIR/hostfile, ssh config $DIR/ssh_config)"; return 0
     fi
-    down
   fi
+  down >/dev/null 2>&1 || true
   mkdir -p "$DIR" /run/sshd
   chmod 700 "$DIR"
   local net i
@@ -160,16 +160,21 @@ up() {
 
 down() {
   need_root
-  local hd i ns
+  local hd ns pid link
   for hd in "$DIR"/h*/; do
     [[ -d $hd ]] || continue
-    i=$(basename "$hd")
     if alive "$hd/sshd.pid"; then kill -TERM "$(<"$hd/sshd.pid")" 2>/dev/null || true; fi
     rm -f "$hd/sshd.pid"
-    ns="${PREFIX}$i"
+  done
+  # Our namespaces (by prefix) and whatever still runs inside them (sshd, launched ranks).
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}h[0-9]+$" || true); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null || true); do kill -TERM "$pid" 2>/dev/null || true; done
     ip netns del "$ns" 2>/dev/null || true
-    ip link del "llmv-$i" 2>/dev/null || true
     rm -rf "/etc/netns/$ns"
+  done
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' \
+                | grep -E '^llmv-h[0-9]+$' || true); do
+    ip link del "$link" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -f "$DIR/hostfile" "$DIR/ssh_config" "$DIR/subnet"

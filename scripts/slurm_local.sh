@@ -145,9 +145,13 @@ NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
   chmod 0644 "$CONF"
-  # Link the client config when /etc/slurm is free (or already ours).
+  # Link the client config when /etc/slurm/slurm.conf is free, ours, or a dangling link.
   mkdir -p /etc/slurm
-  if [[ -L $SYS_CONF || ! -e $SYS_CONF ]]; then ln -sfn "$CONF" "$SYS_CONF"; fi
+  if [[ ! -e $SYS_CONF || ( -L $SYS_CONF && $(readlink "$SYS_CONF") == "$CONF" ) ]]; then
+    ln -sfn "$CONF" "$SYS_CONF"
+  else
+    log "note: $SYS_CONF is not ours; clients need: export SLURM_CONF=$CONF"
+  fi
 }
 
 wait_idle() {

@@ -59,6 +59,10 @@ def _register() -> None:
 
     app.add_typer(quant.export_app, name="export")
     app.command(name="quantize")(quant.quantize)
+    from llmctl.cli import checkpoints, resume
+
+    app.command(name="checkpoints")(checkpoints.checkpoints)
+    app.command(name="resume")(resume.resume)
 
 
 _register()

@@ -190,7 +190,7 @@ def signature_shard(chunk: Chunk, cfg: DedupConfig, work_dir: Path) -> dict[str,
     tmp = work_dir / f"sig_{chunk.index:06d}.tmp.npz"
     np.savez(tmp, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, work_dir / f"sig_{chunk.index:06d}.npz")
-    result = {"index": chunk.index, "docs": len(docs), "bytes": chunk.num_bytes}
+    result: dict[str, Any] = {"index": chunk.index, "docs": len(docs), "bytes": chunk.num_bytes}
     result["problems"] = log.as_dict()
     write_json_atomic(work_dir / f"sig_{chunk.index:06d}.done.json", result)
     return result
@@ -366,7 +366,8 @@ class Clusters:
     @property
     def keep(self) -> np.ndarray:
         """Boolean mask of kept documents."""
-        return self.labels == np.arange(len(self.labels))
+        mask: np.ndarray = self.labels == np.arange(len(self.labels))
+        return mask
 
 
 def cluster(shards: Shards, cfg: DedupConfig) -> tuple[Clusters, dict[int, tuple[np.ndarray, str]]]:
@@ -375,7 +376,8 @@ def cluster(shards: Shards, cfg: DedupConfig) -> tuple[Clusters, dict[int, tuple
     es, ed = exact_edges(shards.exact)
     if cfg.mode is DedupMode.FUZZY:
         es, ed = es[:0], ed[:0]
-    fs, fd, docs = np.zeros(0, np.int64), np.zeros(0, np.int64), {}
+    docs: dict[int, tuple[np.ndarray, str]] = {}
+    fs, fd = np.zeros(0, np.int64), np.zeros(0, np.int64)
     num_candidates = 0
     if cfg.mode is not DedupMode.EXACT and shards.keys is not None:
         active = np.ones(n, dtype=bool)
@@ -473,7 +475,11 @@ class DedupReport:
 
 
 def build_report(
-    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: dict, started: float
+    shards: Shards,
+    cfg: DedupConfig,
+    clusters: Clusters,
+    docs: dict[int, tuple[np.ndarray, str]],
+    started: float,
 ) -> DedupReport:
     """Counts, examples and the precision estimate."""
     keep = clusters.keep
@@ -581,14 +587,23 @@ def prepare_work_dir(cfg: DedupConfig, chunks: list[Chunk], scans: list[Any]) ->
 
 
 def finish(
-    cfg: DedupConfig, chunks: list[Chunk], scans: list[Any], work_dir: Path, started: float
+    cfg: DedupConfig,
+    chunks: list[Chunk],
+    scans: list[Any],
+    work_dir: Path,
+    started: float,
+    keep_logs: bool = False,
 ) -> DedupReport:
-    """Steps 2 and 3 from finished signatures: cluster, report, write, commit."""
+    """Steps 2 and 3 from finished signatures: cluster, report, write, commit.
+
+    The work folder is removed at the end; with `keep_logs` (SLURM) only the signature files
+    go, and the job's scripts and logs stay.
+    """
     shards = load_shards(chunks, work_dir)
     clusters, docs = cluster(shards, cfg)
     report = build_report(shards, cfg, clusters, docs, started)
     if cfg.dry_run:
-        shutil.rmtree(work_dir, ignore_errors=True)
+        _clean(work_dir, keep_logs)
         return report
     assert cfg.output_dir is not None
     out = Path(cfg.output_dir)
@@ -602,8 +617,16 @@ def finish(
     if out.exists():
         shutil.rmtree(out)
     os.replace(out_tmp, out)
-    shutil.rmtree(work_dir)
+    _clean(work_dir, keep_logs)
     return report
+
+
+def _clean(work_dir: Path, keep_logs: bool) -> None:
+    if not keep_logs:
+        shutil.rmtree(work_dir)
+        return
+    for f in work_dir.glob("sig_*"):
+        f.unlink()
 
 
 def dedup(

@@ -8,6 +8,7 @@ prefix) and return at once. A changed parameter or a missing output rebuilds the
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from llmctl.data.corpus import build_demo_corpus
@@ -20,13 +21,13 @@ from llmctl.data.tokenizer import train_bpe
 DEMO_PREFIX_NAME = "demo_text_document"
 
 
-def _texts(path: Path):
+def _texts(path: Path) -> Iterator[str]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)["text"]
 
 
-def _is_built(workdir: Path, params: dict) -> str | None:
+def _is_built(workdir: Path, params: dict[str, int]) -> str | None:
     done = read_json(workdir / "demo.json")
     if not done or done.get("params") != params:
         return None

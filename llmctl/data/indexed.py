@@ -27,6 +27,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class IndexHeader:
     num_doc_indices: int
 
 
-def _write_header(f, dtype: type, num_sequences: int, num_doc_indices: int) -> None:
+def _write_header(f: BinaryIO, dtype: type, num_sequences: int, num_doc_indices: int) -> None:
     f.write(INDEX_MAGIC)
     f.write(struct.pack("<Q", INDEX_VERSION))
     f.write(struct.pack("<B", _DTYPE_CODES[dtype]))
@@ -106,7 +107,7 @@ def read_documents(prefix: str | Path) -> list[np.ndarray]:
     """Every document's tokens. For tests and small datasets only (loads everything)."""
     head = read_header(prefix)
     lengths = read_lengths(prefix)
-    tokens = np.fromfile(bin_path(prefix), dtype=head.dtype)
+    tokens: np.ndarray = np.fromfile(bin_path(prefix), dtype=head.dtype)
     bounds = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     return [tokens[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]
 
@@ -142,7 +143,7 @@ def _pointers(lengths: np.ndarray, itemsize: int, base: int) -> np.ndarray:
     return ptr + base
 
 
-def _write_doc_indices(f, count: int, block: int = 1 << 20) -> None:
+def _write_doc_indices(f: BinaryIO, count: int, block: int = 1 << 20) -> None:
     for start in range(0, count, block):
         f.write(np.arange(start, min(start + block, count), dtype=np.int64).tobytes())
 

@@ -143,7 +143,8 @@ def _prefix(data: np.ndarray) -> np.ndarray:
 
 
 def _range_hash(c: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    return (c[e] - c[s]) * _POWERS.pos[e - 1]
+    out: np.ndarray = (c[e] - c[s]) * _POWERS.pos[e - 1]
+    return out
 
 
 def shingle_hashes(

@@ -35,6 +35,7 @@ from llmctl.data.readers import (
     BadInputError,
     Chunk,
     Document,
+    FileScan,
     OnError,
     ProblemLog,
     discover,
@@ -133,14 +134,16 @@ def _init_worker(
     _WORKER["dtype"] = indexed.token_dtype(tok.vocab_size)
 
 
-def _encode_batch(texts: list[str], tok: Tokenizer, append_eod: bool, dtype: type) -> tuple:
+def _encode_batch(
+    texts: list[str], tok: Tokenizer, append_eod: bool, dtype: type
+) -> tuple[np.ndarray, np.ndarray]:
     ids = tok.encode_batch(texts)
     if append_eod:
         for doc in ids:
             doc.append(tok.eod)
     lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
     total = int(lengths.sum())
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total)
+    flat: np.ndarray = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total)
     return flat, lengths
 
 
@@ -194,7 +197,7 @@ def _run_chunk(chunk: Chunk) -> dict[str, Any]:
 
 
 def _fingerprint(
-    cfg: PreprocessConfig, scans: list, tokenizer_id: dict[str, Any], chunks: list[Chunk]
+    cfg: PreprocessConfig, scans: list[FileScan], tokenizer_id: dict[str, Any], chunks: list[Chunk]
 ) -> dict[str, Any]:
     return {
         "inputs": [

@@ -66,7 +66,7 @@ class BadInputError(Exception):
         extra = f" ({detail})" if detail else ""
         super().__init__(f"{path}:{line}: {problem.value}{extra}")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type, tuple[str, int, Problem, str]]:
         return (BadInputError, (self.path, self.line, self.problem, self.detail))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -86,6 +86,8 @@ class Tokenizer:
 
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
+        self.eod = self.vocab_size = 0
+        self._encode: Callable[[list[str]], list[list[int]]]
         loader = {
             TokenizerKind.HF: self._load_hf,
             TokenizerKind.SENTENCEPIECE: self._load_sentencepiece,
@@ -136,7 +138,8 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, without an EOD (the writer appends it)."""
-        return self._encode(texts)  # type: ignore[no-any-return]
+        out: list[list[int]] = self._encode(texts)
+        return out
 
 
 def _hf_eos_token(tokenizer_json: Path) -> str | None:

@@ -20,7 +20,7 @@ def open_binary_write(path: Path) -> IO[bytes]:
         import zstandard
 
         raw = open(path, "wb")  # noqa: SIM115 (owned by the writer)
-        return zstandard.ZstdCompressor().stream_writer(raw, closefd=True)  # type: ignore[return-value]
+        return zstandard.ZstdCompressor().stream_writer(raw, closefd=True)
     return open(path, "wb")
 
 

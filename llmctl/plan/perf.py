@@ -3,9 +3,10 @@
 Why this shape: a training step on the bottleneck pipeline stage is (m + (pp-1)/vpp)
 micro-batch slots (1F1B with the interleaved bubble (pp-1)/(vpp*m)), each slot the stage's
 forward + backward of one micro-batch. A slot is GEMM time at the cluster's achievable
-fraction of the dense peak of the compute dtype, core attention at the 16-bit rate (FP8
-recipes keep attention in bf16), memory-bound element-wise work (norms, activations, casts)
-at HBM bandwidth, plus the exposed part of the tensor-parallel collectives (4 all-reduce
+fraction of the dense peak of the compute dtype; core attention at the 16-bit rate (FP8
+recipes keep attention in bf16), slowed for short chunks (context parallelism splits the
+sequence into 2*CP chunks); memory-bound element-wise work (norms, activations, casts) at HBM
+bandwidth; plus the exposed part of the tensor-parallel collectives (4 all-reduce
 equivalents per layer, 6 with full recompute; sequence parallelism turns each into an
 all-gather + reduce-scatter of the same volume), the context-parallel ring exchange of K/V
 beyond what the attention compute hides, and MoE all-to-alls. Outside the slots: pipeline
@@ -33,6 +34,9 @@ TP_COMM_EXPOSED = 0.5
 ELEMENTWISE_PASSES = 4.0
 #: Bytes of HBM traffic per locally owned parameter in the Adam step (mixed precision).
 OPTIMIZER_BYTES_PER_PARAM = 30.0
+#: Attention chunk length (tokens) at which flash attention runs at half its large-chunk rate;
+#: context parallelism splits the sequence into 2*CP chunks, so it pays through this term.
+ATTENTION_CHUNK_KNEE = 256.0
 #: NVLink collective latency per ring step, microseconds.
 NVLINK_LATENCY_US = 3.0
 
@@ -131,6 +135,8 @@ def _slot_cached(
     gemm_rate = cluster.tflops(run.compute_dtype) * 1e12
     core_rate = cluster.tflops("bf16" if run.fp8 else run.compute_dtype) * 1e12
     gemm = tok * fl.layer_gemm * g_mul / lay.tp / gemm_rate
+    chunk = model.seq_length / (2 * lay.cp) if lay.cp > 1 else float(model.seq_length)
+    core_rate *= chunk / (chunk + ATTENTION_CHUNK_KNEE)
     core = tok * fl.layer_core_attention * c_mul / lay.tp / core_rate
     act = layer_activation_bytes(
         model,

@@ -226,19 +226,14 @@ def _pp_families(inp: PlanInput, rej: _Rejected, tp: int, cp: int) -> list[Famil
     return out
 
 
-def _options(inp: PlanInput, tp: int, pp: int) -> list[tuple[bool, Recompute, Sharding]]:
+def _options(inp: PlanInput, tp: int, pp: int) -> list[tuple[bool, Recompute, list[Sharding]]]:
+    """(sequence parallel, recompute, sharding choices) allowed for a TP/PP family."""
     c = inp.constraints
     sps = [c.sequence_parallel] if c.sequence_parallel is not None else [tp > 1]
     rcs = [c.recompute] if c.recompute else list(Recompute)
     shs = [c.sharding] if c.sharding else list(Sharding)
-    return [
-        (sp, rc, sh)
-        for sp in sps
-        if not (sp and tp == 1)
-        for rc in rcs
-        for sh in shs
-        if not (sh == Sharding.full and pp > 1)
-    ]
+    shs = [sh for sh in shs if not (sh == Sharding.full and pp > 1)]
+    return [(sp, rc, shs) for sp in sps if not (sp and tp == 1) for rc in rcs if shs]
 
 
 def candidates(inp: PlanInput) -> tuple[list[Layout], dict[str, int]]:
@@ -273,25 +268,19 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
                 )
                 continue
             for ep in eps:
-                for sp, rc in dict.fromkeys((sp, rc) for sp, rc, _ in opts):
-                    out.append(
-                        [
-                            Layout(
-                                tp=tp,
-                                pp=pp,
-                                vpp=vpp,
-                                cp=cp,
-                                ep=ep,
-                                dp=dp,
-                                micro_batch_size=mbs,
-                                sequence_parallel=sp,
-                                recompute=rc,
-                                sharding=sh,
-                            )
-                            for sp2, rc2, sh in opts
-                            if (sp2, rc2) == (sp, rc)
-                        ]
+                for sp, rc, shs in opts:
+                    base = Layout(
+                        tp=tp,
+                        pp=pp,
+                        vpp=vpp,
+                        cp=cp,
+                        ep=ep,
+                        dp=dp,
+                        micro_batch_size=mbs,
+                        sequence_parallel=sp,
+                        recompute=rc,
                     )
+                    out.append([replace(base, sharding=sh) for sh in shs])
     return out, rej.counts
 
 
@@ -306,7 +295,7 @@ def plan(inp: PlanInput, *, suggest: bool = True) -> PlanResult:
     groups, rejected = _groups(inp)
     limit = usable_gib(inp)
     scored = [item for group in groups for item in _score(inp, group)]
-    fitting = sorted((s for s in scored if s[1] <= limit), key=lambda s: s[0])
+    fitting = sorted((s for s in scored if s[1] <= limit), key=lambda s: (s[0], s[1]))
     misfits = len(scored) - len(fitting)
     if misfits:
         rejected[f"needs more than {limit:.1f} GiB usable per GPU"] = misfits

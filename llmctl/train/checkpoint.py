@@ -104,12 +104,14 @@ def capture_rng() -> dict[str, Any]:
     import torch
     from megatron.core import tensor_parallel
 
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     out: dict[str, Any] = {
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
+        "numpy": [kind, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(gauss)],
         "torch": _b64(torch.get_rng_state()),
-        "tracker": {k: _b64(v) for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()},
+        "tracker": {
+            k: _b64(v) for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()
+        },
     }
     if torch.cuda.is_available():
         out["cuda"] = _b64(torch.cuda.get_rng_state())
@@ -371,7 +373,9 @@ class DistCheckpointer:
             with _weights_only_loads():
                 loaded = dist_checkpointing.load(sd, str(ckpt_dir))
         except Exception as e:
-            dims = ", ".join(f"{d} {saved['layout'][d]}->{getattr(state.layout, d)}" for d in changed)
+            dims = ", ".join(
+                f"{d} {saved['layout'][d]}->{getattr(state.layout, d)}" for d in changed
+            )
             hint = f" (layout changed: {dims}; megatron-core cannot reshard this)" if dims else ""
             raise UserError(f"cannot load checkpoint {ckpt_dir}{hint}: {e}") from e
         self._apply(state, loaded, saved, ckpt_dir, changed)
@@ -396,9 +400,13 @@ class DistCheckpointer:
         sched.load_state_dict(saved["scheduler"])
         state.set_position(int(saved["step"]), int(saved["consumed_samples"]))
         if not changed and saved.get("world_size") == self.world:
-            restore_rng(json.loads((ckpt_dir / store.RNG_DIR / f"rank_{self.rank}.json").read_text()))
+            restore_rng(
+                json.loads((ckpt_dir / store.RNG_DIR / f"rank_{self.rank}.json").read_text())
+            )
         elif self.rank == 0:
-            log.warning("layout changed: RNG states start from this run's seeds, not the checkpoint's")
+            log.warning(
+                "layout changed: RNG states start from this run's seeds, not the checkpoint's"
+            )
         self.last_saved = self.loaded_step = int(saved["step"])
 
     def after_step(self, state: Any) -> None:
@@ -521,7 +529,9 @@ class DistCheckpointer:
             try:
                 manifest = store.build_manifest(pending.tmp_dir, self.world, header)
                 store.commit(self.root, pending.tmp_dir, pending.step, manifest)
-                gone = store.apply_retention(self.root, self.policy.keep_last, self.policy.keep_every)
+                gone = store.apply_retention(
+                    self.root, self.policy.keep_last, self.policy.keep_every
+                )
                 if gone:
                     log.info("retention removed checkpoints of steps %s", gone)
             except Exception as e:

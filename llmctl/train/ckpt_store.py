@@ -199,7 +199,7 @@ def remove_checkpoint(path: Path) -> None:
 
 def clean_stale(ckpt_root: Path) -> list[str]:
     """Remove leftovers of interrupted saves and deletions. Returns their names."""
-    removed = []
+    removed: list[str] = []
     if not ckpt_root.is_dir():
         return removed
     for entry in ckpt_root.iterdir():
@@ -331,15 +331,68 @@ def validate(ckpt_dir: Path, *, full: bool = True) -> Validation:
 
 def list_checkpoints(ckpt_root: Path, *, full: bool = False) -> list[Validation]:
     """Validate every committed checkpoint, newest first."""
-    return [validate(ckpt_root / iter_name(s), full=full) for s in reversed(committed_steps(ckpt_root))]
+    return [
+        validate(ckpt_root / iter_name(s), full=full) for s in reversed(committed_steps(ckpt_root))
+    ]
 
 
-def newest_valid(ckpt_root: Path, *, full: bool = True) -> tuple[Validation | None, list[Validation]]:
+def newest_valid(
+    ckpt_root: Path, *, full: bool = True
+) -> tuple[Validation | None, list[Validation]]:
     """The newest checkpoint that validates, and the newer ones that were skipped."""
-    skipped = []
+    skipped: list[Validation] = []
     for step in reversed(committed_steps(ckpt_root)):
         v = validate(ckpt_root / iter_name(step), full=full)
         if v.ok:
             return v, skipped
         skipped.append(v)
     return None, skipped
+
+
+def _layout_text(manifest: dict[str, Any] | None) -> str:
+    lay = (manifest or {}).get("layout") or {}
+    if not lay:
+        return "?"
+    dims = [
+        f"{d.upper()}={lay[d]}"
+        for d in ("tp", "pp", "vpp", "cp", "ep", "dp")
+        if d in ("tp", "pp", "dp") or (lay.get(d) or 1) > 1
+    ]
+    return " ".join(dims)
+
+
+def describe_checkpoints(run_dir: str | Path, *, full: bool = True) -> list[dict[str, Any]]:
+    """One JSON-ready row per committed checkpoint of a run directory, newest first.
+
+    Args:
+        run_dir: The run directory (holding `checkpoints/`).
+        full: Verify CRC32s (reads every byte) instead of sizes only.
+
+    Raises:
+        UserError: If `run_dir` is not a directory.
+    """
+    from llmctl.errors import UserError
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"run directory {run_dir} does not exist")
+    root = run_dir / "checkpoints"
+    latest = read_latest(root)
+    rows = []
+    for v in list_checkpoints(root, full=full):
+        m = v.manifest or {}
+        rows.append(
+            {
+                "step": v.step,
+                "path": str(v.path),
+                "size_bytes": v.size_bytes,
+                "layout": _layout_text(m),
+                "world_size": m.get("world_size"),
+                "consumed_samples": m.get("consumed_samples"),
+                "created_unix": m.get("created_unix"),
+                "valid": v.ok,
+                "problems": v.problems,
+                "latest": v.step == latest,
+            }
+        )
+    return rows

@@ -49,7 +49,7 @@ def build_data(root: Path, vocab: int = VOCAB) -> tuple[Path, str]:
     return tok_json, str(prefix)
 
 
-def train_llama(root: Path, tok_json: Path, prefix: str, steps: int = 60) -> Path:
+def train_llama(root: Path, tok_json: Path, prefix: str, steps: int = 300) -> Path:
     """A 2-layer GQA Llama trained with AdamW on the first half of the corpus; saved as HF dir."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -50,7 +50,9 @@ def _kill_one_rank_after(run_dir: Path, proc, step: int, timeout_s: float = 120)
         time.sleep(0.05)
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if child.environ().get("LOCAL_RANK") == "1" and "llmctl.train.entry" in " ".join(child.cmdline()):
+            if child.environ().get("LOCAL_RANK") == "1" and "llmctl.train.entry" in " ".join(
+                child.cmdline()
+            ):
                 child.kill()
                 return
         except psutil.NoSuchProcess:

@@ -34,8 +34,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
     from llmctl.config import compose
     from llmctl.train.checkpoint import make_checkpointer
-    from llmctl.train.rundir import create_run_dir
     from llmctl.train.run import run_in_process
+    from llmctl.train.rundir import create_run_dir
 
     root = tmp_path_factory.mktemp("export")
     tok_json, prefix = build_data(root)
@@ -84,7 +84,11 @@ def _megatron_logits(cfg: object, ckpt_dir: Path, tokens: np.ndarray) -> np.ndar
         parallel.init_model_parallel(layout, 1, False)
         mc = cfg.model  # type: ignore[attr-defined]
         tc = M.transformer_config(
-            mc, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=False  # type: ignore[attr-defined]
+            mc,
+            layout,
+            cfg.precision,
+            recipe_for(cfg.precision),
+            on_gpu=False,  # type: ignore[attr-defined]
         )
         [model] = M.build_model_chunks(mc, tc, layout, use_te=False, seed=1)
         state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))

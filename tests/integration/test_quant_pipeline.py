@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from llmctl.quant.quantize import quantize_source
 
 pytestmark = pytest.mark.slow
 
-NUM_SAMPLES, SEQ_LEN, EVAL_TOKENS = 32, 128, 8192
+NUM_SAMPLES, SEQ_LEN, EVAL_TOKENS = 64, 256, 8192  # llmctl's calibration defaults
 LINEAR_SHAPES = {  # (out, in) of layer 0's Linears in the tiny model (head_dim 32, 2 KV heads)
     "self_attn.q_proj": (HIDDEN, HIDDEN),
     "self_attn.k_proj": (64, HIDDEN),
@@ -35,6 +36,17 @@ LINEAR_SHAPES = {  # (out, in) of layer 0's Linears in the tiny model (head_dim 
     "mlp.up_proj": (FFN, HIDDEN),
     "mlp.down_proj": (HIDDEN, FFN),
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """2 cores shared by every helper's tests: torch's 2 threads oversubscribe (10x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +102,7 @@ def _check_reload(tiny: dict, out: Path, report: dict) -> None:
     assert ppl == pytest.approx(report["perplexity_after"], rel=1e-4)
     base = reference_perplexity(Path(tiny["model"]), np.asarray(tiny["heldout"]), SEQ_LEN)
     assert base == pytest.approx(report["perplexity_before"], rel=1e-5)
-    assert report["perplexity_before"] < 200  # trained: far below the 512-token vocabulary
+    assert report["perplexity_before"] < 150  # trained: far below the 512-token vocabulary
 
 
 def test_w4a16_gptq_matches_spec_and_reloads(tiny: dict) -> None:
@@ -127,12 +139,15 @@ def test_w4a16_gptq_matches_spec_and_reloads(tiny: dict) -> None:
     assert report["perplexity_change_pct"] < 2.0
 
 
-def test_gptq_at_least_as_good_as_rtn(tiny: dict) -> None:
-    _, rtn = _run(tiny, "w4a16_rtn", scheme="W4A16", algorithm="rtn")
-    _, gptq = _run(tiny, "w4a16_gptq_2", scheme="W4A16", algorithm="gptq")
+@pytest.mark.parametrize("group_size", [128, 0])
+def test_gptq_at_least_as_good_as_rtn(tiny: dict, group_size: int) -> None:
+    _, rtn = _run(tiny, f"rtn_{group_size}", scheme="W4A16", algorithm="rtn", group_size=group_size)
+    _, gptq = _run(
+        tiny, f"gptq_{group_size}", scheme="W4A16", algorithm="gptq", group_size=group_size
+    )
     assert gptq["perplexity_before"] == rtn["perplexity_before"]
-    # GPTQ is not bit-reproducible; allow 0.2% of slack over RTN
-    assert gptq["perplexity_after"] <= rtn["perplexity_after"] * 1.002
+    # GPTQ is not bit-reproducible run to run: 0.05% of slack
+    assert gptq["perplexity_after"] <= rtn["perplexity_after"] * 1.0005
 
 
 @pytest.mark.parametrize(
@@ -163,7 +178,7 @@ def test_schemes_match_spec_and_reload(
         assert acts["dynamic"] is True and acts["strategy"] == "token"
         rows = sum(r for r, _ in LINEAR_SHAPES.values())  # one bf16 scale per output row
         weights = sum(r * c for r, c in LINEAR_SHAPES.values())
-        assert report["bits_per_weight"] == pytest.approx(8 + 16 * rows / weights)
+        assert report["bits_per_weight"] == pytest.approx(8 + 16 * rows / weights, abs=1e-4)
     else:
         assert report["bits_per_weight"] == pytest.approx(8.125)
         assert report["perplexity_change_pct"] < 0.5

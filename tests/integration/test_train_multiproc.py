@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +46,22 @@ def _losses(run_dir: Path) -> tuple[list[float], dict[int, float]]:
     return [r["loss"] for r in records], vals
 
 
-def _torchrun(run_dir: Path, nproc: int) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            "--master-port=0", "-m", "llmctl.train.entry", str(run_dir)]
+def _run(argv: list[str], timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run in a new session; on timeout kill the whole group (torchrun and its workers)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _torchrun(run_dir: Path, nproc: int) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                 "--standalone", "-m", "llmctl.train.entry", str(run_dir)])
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +113,7 @@ def test_plain_process_entry_and_bad_input(demo_cache, tmp_path):
     create_run_dir(compose("tiny_cpu", [f"data.prefixes=[{tmp_path}/missing]",
                                         f"train.run_dir={bad}"]), None)
     for run_dir, code in ((good, 0), (bad, 2)):
-        proc = subprocess.run([sys.executable, "-m", "llmctl.train.entry", str(run_dir)],
-                              capture_output=True, text=True, timeout=120)
+        proc = _run([sys.executable, "-m", "llmctl.train.entry", str(run_dir)], 120)
         assert proc.returncode == code, proc.stderr[-3000:]
     assert len((good / "metrics.jsonl").read_text().splitlines()) == 2
     assert "missing.bin not found" in proc.stderr

@@ -80,7 +80,26 @@ def test_calibrate_from_perf_json(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "no perf.json in" in bad.output
 
 
+PLANNING_RECIPES = [
+    "llama3_8b_pretrain_8gpu_h100_fp8",
+    "llama3_70b_pretrain_64gpu_h100_fp8",
+    "llama31_405b_pretrain_1024gpu_h100_fp8",
+    "gpt3_175b_pretrain_64gpu_a100_bf16",
+    "megatron_22b_pretrain_8gpu_a100_bf16",
+    "megatron_530b_pretrain_280gpu_a100_bf16",
+    "megatron_1t_pretrain_512gpu_a100_bf16",
+    "mixtral_8x7b_pretrain_64gpu_h100_bf16",
+]
+
+
 @pytest.mark.parametrize("recipe", sorted(list_recipes()))
 def test_every_shipped_recipe_composes_and_plans(recipe: str) -> None:
     res = plan_config(compose(recipe, []))
-    assert res.best is not None, (recipe, res.suggestions)
+    assert res.num_candidates > 0
+    if recipe in PLANNING_RECIPES:
+        assert res.best is not None, (recipe, res.suggestions)
+        assert res.best.rates.tokens_per_s_per_gpu > 0 and 0 < res.best.rates.mfu < 1
+
+
+def test_planning_recipes_are_shipped() -> None:
+    assert set(PLANNING_RECIPES) <= set(list_recipes())

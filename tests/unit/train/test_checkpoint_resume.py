@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from llmctl.config import compose  # noqa: E402
-from llmctl.train import ckpt_store as store  # noqa: E402
+from llmctl.config import compose
+from llmctl.train import ckpt_store as store
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
     rng = np.random.default_rng(0)
     for _ in range(400):
-        n, start, stride = int(rng.integers(20, 200)), int(rng.integers(0, 4000)), int(rng.integers(1, 7))
+        n, start, stride = (
+            int(rng.integers(20, 200)),
+            int(rng.integers(0, 4000)),
+            int(rng.integers(1, 7)),
+        )
         tokens = (start + stride * np.arange(n)) % 4000 + 1
         builder.add_document(torch.from_numpy(tokens.astype(np.int32)), [n])
     builder.finalize(f"{prefix}.idx")
@@ -120,7 +124,9 @@ def test_corrupt_newest_is_skipped(baseline, corpus: Path, tmp_path: Path) -> No
 
 def test_failed_saves_do_not_kill_training(corpus: Path, tmp_path: Path) -> None:
     (tmp_path / "checkpoints").write_text("not a directory")  # every save fails with an OSError
-    result = _train(_cfg(corpus, 6, "checkpoint.interval=2", "checkpoint.max_failed_saves=10"), tmp_path)
+    result = _train(
+        _cfg(corpus, 6, "checkpoint.interval=2", "checkpoint.max_failed_saves=10"), tmp_path
+    )
     assert len(result.losses) == 6
 
 

@@ -106,5 +106,5 @@ def test_restricted_unpickler_rejects_code(tmp_path: Path) -> None:
 
     bad = tmp_path / ".metadata"
     bad.write_bytes(pickle.dumps(Evil()))
-    with pytest.raises(UnsafePickleError, match="builtins.print"):
+    with pytest.raises(UnsafePickleError, match=r"builtins\.print"):
         load_metadata(bad)

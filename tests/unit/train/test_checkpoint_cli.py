@@ -1,0 +1,71 @@
+"""`llmctl checkpoints` and `llmctl resume` through Typer's CliRunner (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_checkpoint_store import _fake_checkpoint
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.train import ckpt_store as store
+
+runner = CliRunner()
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    from llmctl.config import compose
+    from llmctl.train.rundir import create_run_dir
+
+    cfg = compose("tiny_cpu", ["train.train_iters=10", f"train.run_dir={tmp_path / 'run'}"])
+    return create_run_dir(cfg, None)
+
+
+def test_checkpoints_json_lists_validity(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    for step in (2, 4):
+        _fake_checkpoint(run / "checkpoints", step)
+    (run / "checkpoints" / "iter_0000004" / store.TRAIN_STATE).unlink()
+    result = runner.invoke(app, ["checkpoints", str(run), "--json", "--quick"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [(r["step"], r["valid"], r["latest"]) for r in rows] == [
+        (4, False, True),
+        (2, True, False),
+    ]
+    assert "missing file train_state.json" in rows[0]["problems"]
+
+
+def test_checkpoints_table_and_missing_dir(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    _fake_checkpoint(run / "checkpoints", 3)
+    result = runner.invoke(app, ["checkpoints", str(run), "--quick"])
+    assert result.exit_code == 0 and "3 (latest)" in result.output
+    assert runner.invoke(app, ["checkpoints", str(tmp_path / "nope")]).exit_code == 2
+
+
+def test_resume_dry_run_applies_overrides(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    _fake_checkpoint(run / "checkpoints", 5)
+    result = runner.invoke(app, ["resume", str(run), "train.train_iters=40", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["run_dir"] == str(run.resolve())
+    assert "train_iters: 40" in out["config"] and "recipe: tiny_cpu" in out["config"]
+
+
+def test_resume_refuses_without_checkpoint_or_config(tmp_path: Path) -> None:
+    from llmctl.errors import UserError
+    from llmctl.train.ckpt_resume import prepare_resume
+
+    run = _run_dir(tmp_path)
+    assert runner.invoke(app, ["resume", str(run), "--dry-run"]).exit_code == 2
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        prepare_resume(run, [])
+    with pytest.raises(UserError, match="not a run directory"):
+        prepare_resume(tmp_path, [])
+    _fake_checkpoint(run / "checkpoints", 1)
+    with pytest.raises(UserError, match=r"cannot change train\.run_dir"):
+        prepare_resume(run, ["train.run_dir=/elsewhere"])
