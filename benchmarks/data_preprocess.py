@@ -28,13 +28,15 @@ import json, resource, subprocess, sys, time
 t = time.perf_counter()
 rc = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).returncode
 wall = time.perf_counter() - t
-print(json.dumps({"rc": rc, "wall_s": wall,
-                  "max_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+use = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": rc, "wall_s": wall, "cpu_s": use.ru_utime + use.ru_stime,
+                  "max_rss_mib": use.ru_maxrss / 1024}))
 """
 
 
 def measure(cmd: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run `cmd` under a fresh wrapper; wall time and the largest RSS of any process in it."""
+    """Run `cmd` under a fresh wrapper: wall time, CPU time of the whole process tree (less
+    sensitive than wall time to other load on a shared machine), largest RSS of any process."""
     out = subprocess.run(
         [sys.executable, "-c", _MEASURE, *cmd],
         capture_output=True,
@@ -105,14 +107,19 @@ def compare(args: argparse.Namespace, inputs: dict[str, Path], tok: Path) -> lis
         for w in args.workers:
             ours = args.work / f"llmctl_{label}_w{w}"
             theirs = args.work / f"megatron_{label}_w{w}"
-            m_ours = measure(llmctl_cmd(inp, ours, tok, w))
-            m_theirs = measure(megatron_cmd(args.megatron_lm, inp, theirs, tok, w), mlm_env)
+            runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
+            for _ in range(args.repeats):  # interleaved, so load changes hit both alike
+                runs["ours"].append(measure(llmctl_cmd(inp, ours, tok, w)))
+                mlm = megatron_cmd(args.megatron_lm, inp, theirs, tok, w)
+                runs["theirs"].append(measure(mlm, mlm_env))
+            m_ours, m_theirs = (min(r, key=lambda m: m["wall_s"]) for r in runs.values())
             counts = json.loads(Path(f"{ours}.manifest.json").read_text())["counts"]
             rows.append({"input": label, "workers": w, "input_mb": inp.stat().st_size / 1e6,
                          "docs": counts["documents"], "tokens": counts["tokens"],
                          "llmctl": m_ours, "megatron": m_theirs,
                          "byte_equal": same_bytes(str(ours), f"{theirs}_text_document"),
-                         "speedup": m_theirs["wall_s"] / m_ours["wall_s"]})  # fmt: skip
+                         "speedup": m_theirs["wall_s"] / m_ours["wall_s"],
+                         "cpu_ratio": m_theirs["cpu_s"] / m_ours["cpu_s"]})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -138,6 +145,8 @@ def main() -> None:
     parser.add_argument("--megatron-lm", type=Path, required=True)
     parser.add_argument("--megatron-pythonpath", default="")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--max-docs", type=int, default=None, help="corpus size (None: all)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/llmctl-bench-preprocess"))
     args = parser.parse_args()
@@ -145,8 +154,9 @@ def main() -> None:
     corpus, tok = prepare(args.work, args.max_docs)
     inputs = {"files": corpus, "short": short_docs(corpus, args.work / "corpus_short.jsonl")}
     rows = compare(args, inputs, tok)
-    mem = memory(args, inputs["short"], tok)
-    report = {"date": time.strftime("%Y-%m-%d"), "rows": rows, "memory": mem}
+    mem = {} if args.skip_memory else memory(args, inputs["short"], tok)
+    load = os.getloadavg()
+    report = {"date": time.strftime("%Y-%m-%d"), "loadavg": load, "rows": rows, "memory": mem}
     (args.work / "results.json").write_text(json.dumps(report, indent=2))
     print(f"results in {args.work / 'results.json'}")
 

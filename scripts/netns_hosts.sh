@@ -12,16 +12,26 @@
 #   hostfile     one host per line (h0, h1, ...)
 #   ssh_config   for `ssh -F ssh_config hK` (key, BatchMode, no known_hosts), used by the launcher
 #   id_ed25519   the client key
-# Override the subnet with LLMCTL_NETNS_SUBNET=10.213.7 (first three octets). Needs root.
+# Override the subnet with LLMCTL_NETNS_SUBNET=10.213.7 (first three octets); a second, separate
+# set needs its own LLMCTL_NETNS_DIR, _PREFIX, _BRIDGE and _VETH. Needs root.
 set -euo pipefail
 
 DIR="${LLMCTL_NETNS_DIR:-/tmp/llmctl-netns}"
 PREFIX="${LLMCTL_NETNS_PREFIX:-llmctl-}"
 BRIDGE="${LLMCTL_NETNS_BRIDGE:-llmctlbr0}"
+VETH="${LLMCTL_NETNS_VETH:-llmv}"  # root-side link names: ${VETH}-hK (<= 15 chars)
 SSHD=/usr/sbin/sshd
 
 log() { echo "netns_hosts: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+# One up/down at a time (test sessions may start together). Daemons get 9>&- so they do
+# not inherit (and hold) the lock.
+lock() {
+  mkdir -p "$DIR"
+  exec 9>"$DIR/.lock"
+  flock -w 300 9 || die "another up/down holds $DIR/.lock"
+}
+
 need_root() { [[ $(id -u) == 0 ]] || die "needs root (network namespaces); run with sudo"; }
 
 alive() {
@@ -69,13 +79,13 @@ host_up() {
     for k in $(seq 0 $((n - 1))); do echo "$net.$((k + 2)) h$k"; done
   } >"/etc/netns/$ns/hosts"
   ip netns add "$ns"
-  ip link add "llmv-$h" type veth peer name "llmp-$h"
-  ip link set "llmp-$h" netns "$ns"
-  ip -n "$ns" link set "llmp-$h" name eth0
+  ip link add "$VETH-$h" type veth peer name "$VETH-p$i"
+  ip link set "$VETH-p$i" netns "$ns"
+  ip -n "$ns" link set "$VETH-p$i" name eth0
   ip -n "$ns" addr add "$addr/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
-  ip link set "llmv-$h" master "$BRIDGE" up
+  ip link set "$VETH-$h" master "$BRIDGE" up
   [[ -s $hd/ssh_host_ed25519_key ]] || ssh-keygen -q -t ed25519 -N '' -f "$hd/ssh_host_ed25519_key"
   cat >"$hd/sshd_config" <<EOF
 Port 22
@@ -94,7 +104,7 @@ PrintMotd no
 MaxStartups 64:30:128
 MaxSessions 64
 EOF
-  ip netns exec "$ns" unshare --uts sh -c "hostname $h; exec $SSHD -f '$hd/sshd_config' -E '$hd/sshd.log'"
+  ip netns exec "$ns" unshare --uts sh -c "hostname $h; exec $SSHD -f '$hd/sshd_config' -E '$hd/sshd.log'" 9>&-
 }
 
 write_client_files() {
@@ -173,7 +183,7 @@ down() {
     rm -rf "/etc/netns/$ns"
   done
   for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' \
-                | grep -E '^llmv-h[0-9]+$' || true); do
+                | grep -E "^$VETH-h[0-9]+$" || true); do
     ip link del "$link" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
@@ -194,8 +204,8 @@ status() {
 }
 
 case "${1:-}" in
-  up) up "${2:-2}" ;;
-  down) down ;;
+  up) lock; up "${2:-2}" ;;
+  down) lock; down ;;
   status) status ;;
   *) echo "usage: $0 up N|down|status   (run folder: \$LLMCTL_NETNS_DIR, default /tmp/llmctl-netns)" >&2; exit 2 ;;
 esac

@@ -35,6 +35,14 @@ alive() {
   [[ $state != Z && $state != X ]]
 }
 
+# One up/down at a time (test sessions may start together). Daemons get 9>&- so they do
+# not inherit (and hold) the lock.
+lock() {
+  mkdir -p "$DIR"
+  exec 9>"$DIR/.lock"
+  flock -w 300 9 || die "another up/down holds $DIR/.lock"
+}
+
 need_root() { [[ $(id -u) == 0 ]] || die "needs root (daemons run as root without systemd); run with sudo"; }
 
 install_packages() {
@@ -65,7 +73,7 @@ start_munge() {
     return 0   # a munged is already serving the default socket (ours or the system's)
   fi
   touch "$DIR/run/munged.pid" && chown munge:munge "$DIR/run/munged.pid"
-  runuser -u munge -- /usr/sbin/munged --pid-file="$DIR/run/munged.pid" --force \
+  runuser -u munge -- /usr/sbin/munged --pid-file="$DIR/run/munged.pid" --force 9>&- \
     || die "munged failed to start (see /var/log/munge/munged.log)"
   local i
   for i in $(seq 50); do
@@ -179,8 +187,8 @@ up() {
   fi
   start_munge
   write_config
-  alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF" || die "slurmctld failed; see $DIR/log/slurmctld.log"
-  alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF" || die "slurmd failed; see $DIR/log/slurmd.log"
+  alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF" 9>&- || die "slurmctld failed; see $DIR/log/slurmctld.log"
+  alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF" 9>&- || die "slurmd failed; see $DIR/log/slurmd.log"
   wait_idle
   log "up: node $(hostname -s) idle (SLURM_CONF=$CONF)"
 }
@@ -222,8 +230,8 @@ status() {
 }
 
 case "${1:-}" in
-  up) up ;;
-  down) down ;;
+  up) lock; up ;;
+  down) lock; down ;;
   status) status ;;
   *) echo "usage: $0 up|down|status   (run folder: \$LLMCTL_SLURM_DIR, default /tmp/llmctl-slurm)" >&2; exit 2 ;;
 esac

@@ -34,7 +34,7 @@ OnErrorOpt = Annotated[
 ]
 
 
-def _progress(enabled: bool) -> tuple[Progress, Any]:
+def _progress(enabled: bool, label: str) -> tuple[Progress, Any]:
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -44,7 +44,7 @@ def _progress(enabled: bool) -> tuple[Progress, Any]:
         disable=not enabled,
         transient=False,
     )
-    return progress, progress.add_task("reading", total=None, rates="")
+    return progress, progress.add_task(label, total=None, rates="")
 
 
 def _rates(start: float, docs: int, tokens: int | None, num_bytes: int) -> str:
@@ -89,7 +89,10 @@ def preprocess_cmd(
     """Tokenize INPUTS into a Megatron indexed dataset (.bin/.idx), resumably."""
     from llmctl.data.preprocess import PreprocessConfig, preprocess
     from llmctl.data.readers import OnError
+    from llmctl.errors import UserError
 
+    if on_error not in ("fail", "skip"):
+        raise UserError(f"--on-error {on_error!r}: expected fail or skip")
     cfg = PreprocessConfig(
         inputs=inputs,
         output_prefix=output_prefix,
@@ -102,7 +105,7 @@ def preprocess_cmd(
         chunk_bytes=chunk_mb << 20,
         model_vocab_size=vocab_size,
     )
-    progress, task = _progress(not as_json and sys.stderr.isatty())
+    progress, task = _progress(not as_json and sys.stderr.isatty(), "tokenizing")
     done = {"docs": 0, "tokens": 0, "bytes": 0}
     start = time.perf_counter()
 
@@ -186,7 +189,7 @@ def dedup_cmd(
         return
     if launcher != "local":
         raise UserError(f"launcher {launcher!r}: expected local or slurm")
-    progress, task = _progress(not as_json and sys.stderr.isatty())
+    progress, task = _progress(not as_json and sys.stderr.isatty(), "hashing")
     start = time.perf_counter()
     done = {"docs": 0, "bytes": 0}
 

@@ -120,6 +120,15 @@ class DedupConfig:
     precision_sample: int = 500
     """Removed documents checked against their kept document to estimate precision."""
 
+    def __post_init__(self) -> None:
+        try:
+            self.mode = DedupMode(self.mode)
+            self.unit = ShingleUnit(self.unit)
+            self.verify = Verify(self.verify)
+            self.on_error = OnError(self.on_error)
+        except ValueError as e:
+            raise UserError(f"dedup: {e}") from None
+
     @property
     def num_perm(self) -> int:
         """Signature length."""

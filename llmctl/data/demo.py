@@ -37,12 +37,13 @@ def _is_built(workdir: Path, params: dict[str, int]) -> str | None:
 
 
 def prepare_demo_data(
-    workdir: str | Path, *, max_docs: int = 400, vocab_size: int = 4096, num_workers: int = 0
+    workdir: str | Path, *, max_docs: int = 400, vocab_size: int = 4096, num_workers: int = 1
 ) -> str:
     """Build (or reuse) the demo dataset under `workdir`; return its Megatron prefix.
 
     The tokenizer is `<workdir>/tokenizer/tokenizer.json`; its vocabulary size and EOD id are
-    in `<prefix>.manifest.json` under "tokenizer".
+    in `<prefix>.manifest.json` under "tokenizer". One process by default: callers may have
+    torch loaded, and forking such a process is best avoided; the demo is small.
     """
     work = Path(workdir).resolve()
     params = {"max_docs": max_docs, "vocab_size": vocab_size, "version": 1}

@@ -81,6 +81,12 @@ class PreprocessConfig:
     dedup: dict[str, Any] | None = None
     """Dedup parameters to record in the manifest, when the input was deduplicated."""
 
+    def __post_init__(self) -> None:
+        try:
+            self.on_error = OnError(self.on_error)
+        except ValueError:
+            raise UserError(f"on_error={self.on_error!r}: expected fail or skip") from None
+
 
 @dataclass(frozen=True, slots=True)
 class ProgressUpdate:

@@ -270,8 +270,8 @@ def open_binary(path: str | Path) -> IO[bytes]:
 class _Reporter:
     """Applies the error policy to one chunk's problems."""
 
-    def __init__(self, on_error: OnError, log: ProblemLog) -> None:
-        self.on_error, self.log = on_error, log
+    def __init__(self, on_error: OnError | str, log: ProblemLog) -> None:
+        self.on_error, self.log = OnError(on_error), log
 
     def __call__(self, path: str, line: int, problem: Problem, detail: str = "") -> None:
         if problem is not Problem.EMPTY and self.on_error is OnError.FAIL:
@@ -373,7 +373,7 @@ def iter_documents(
     chunk: Chunk,
     *,
     text_field: str = "text",
-    on_error: OnError = OnError.FAIL,
+    on_error: OnError | str = OnError.FAIL,
     log: ProblemLog | None = None,
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
 ) -> Iterator[Document]:

@@ -9,6 +9,7 @@ runs the training preflight (data, precision), creates the run directory and sta
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -20,6 +21,8 @@ from llmctl.errors import UserError
 from llmctl.launch.hostfile import read_hostfile
 
 LAUNCH_FILE = "launch.json"
+# Optimizer shardings llmctl.train implements (train/optim.py refuses FSDP, "full").
+RUNNER_SHARDINGS = ("none", "distributed")
 
 
 @dataclass(kw_only=True)
@@ -116,26 +119,38 @@ def _render(launch: TrainLaunch) -> None:
 def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
     """Plan the configured layout; refuse a predicted misfit unless forced.
 
-    On CPU clusters ranks are processes, so `cluster.gpus_per_node` follows the ranks the run
-    asks for (an explicit layout with `parallel.dp`, else `launcher.nproc_per_node`) before
-    planning.
+    Only optimizer shardings the runner implements are searched (RUNNER_SHARDINGS). On CPU
+    clusters ranks are processes, so `cluster.gpus_per_node` follows the ranks the run asks for
+    (an explicit layout with `parallel.dp`, else `launcher.nproc_per_node`) before planning.
 
     Returns:
         The plan dict recorded in plan.json: the chosen layout and its predictions.
 
     Raises:
         UserError: The layout is predicted not to fit and `force` is False (the message carries
-            the predicted peak and the usable memory), or the layout is impossible.
+            the predicted peak and the usable memory), the layout is impossible, or it asks for
+            a sharding the runner does not implement.
     """
     from llmctl.config.planning import plan_config
 
     _cpu_ranks_follow_layout(cfg)
-    result = plan_config(cfg)
-    if result.best is not None:
-        return _plan_dict(result, result.best)
-    closest = result.closest
-    if closest is None:
-        raise UserError("the planner found no valid layout: " + "; ".join(result.suggestions))
+    asked = cfg.parallel.optimizer_sharding
+    if asked is not None and str(asked) not in RUNNER_SHARDINGS:
+        raise UserError(
+            f"parallel.optimizer_sharding={asked} is not supported by llmctl train; use "
+            f"{' or '.join(RUNNER_SHARDINGS)}"
+        )
+    results = [
+        plan_config(_with_sharding(cfg, s)) for s in ([asked] if asked else RUNNER_SHARDINGS)
+    ]
+    fitting = [(r, r.best) for r in results if r.best is not None]
+    if fitting:
+        result, best = min(fitting, key=lambda pair: pair[1].time.total_s)
+        return _plan_dict(result, best)
+    near = [(r, r.closest) for r in results if r.closest is not None]
+    if not near:
+        raise UserError("the planner found no valid layout: " + "; ".join(results[0].suggestions))
+    result, closest = min(near, key=lambda pair: pair[1].memory.total_gib)
     if not force:
         hint = f" ({result.suggestions[0]})" if result.suggestions else ""
         raise UserError(
@@ -144,6 +159,14 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
             "change the layout (see `llmctl plan`) or pass --force"
         )
     return _plan_dict(result, closest)
+
+
+def _with_sharding(cfg: Any, sharding: Any) -> Any:
+    from llmctl.config import OptimizerSharding
+
+    out = copy.deepcopy(cfg)
+    out.parallel.optimizer_sharding = OptimizerSharding(str(sharding))
+    return out
 
 
 def _cpu_ranks_follow_layout(cfg: Any) -> None:

@@ -103,6 +103,7 @@ def launch_env(cfg: Any, shape: Shape) -> dict[str, str]:
         env.update(
             CUDA_DEVICE_MAX_CONNECTIONS="1",  # megatron's TP/SP comm overlap needs in-order kernels
             TORCH_NCCL_ASYNC_ERROR_HANDLING="1",  # a failed collective aborts instead of hanging
+            TORCH_NCCL_AVOID_RECORD_STREAMS="1",  # frees comm buffers sooner (less reserved)
             NCCL_DEBUG="WARN",
         )
     else:

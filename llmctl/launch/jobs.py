@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import UserError
-from llmctl.launch.api import read_launch
+from llmctl.launch.api import LAUNCH_FILE, read_launch
 from llmctl.launch.slurm import JOB_ID_FILE
 
 TERMINAL = frozenset(
@@ -137,7 +137,7 @@ def run_status(target: str) -> RunStatus:
 def _dir_status(run_dir: Path) -> RunStatus:
     launch = read_launch(run_dir)
     if not launch:
-        raise UserError(f"{run_dir} has no {'launch.json'}: not started by `llmctl train`")
+        raise UserError(f"{run_dir} has no {LAUNCH_FILE}: not a run started by `llmctl train`")
     if launch.get("kind") == "slurm":
         job_id = str(launch.get("job_id") or _read(run_dir / JOB_ID_FILE).strip())
         return _slurm_status(run_dir, job_id, _scontrol_job(job_id))

@@ -38,6 +38,14 @@ _TIME_RE = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^(?:UNLIMITED|INFINITE|infin
 _SIGNAL_RE = re.compile(r"^(?:B:)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?$")
 
 
+# torchrun arguments that must expand in the job (ours, not user values; never quoted).
+_EXPANDED = (
+    '--nnodes="$SLURM_NNODES"',
+    '--rdzv-endpoint="$head_node:$rdzv_port"',
+    '--rdzv-id="$SLURM_JOB_ID"',
+)
+
+
 def output_pattern(run_dir: str | Path) -> str:
     """Where SLURM writes the job's output (%j = job id; kept across requeues)."""
     return f"{run_dir}/slurm-%j.out"
@@ -47,7 +55,7 @@ def _value(name: str, value: Any) -> str:
     """A user value for an #SBATCH line, shell-quoted; sbatch honours single quotes."""
     text = str(value)
     if "\n" in text or "'" in text or not text:
-        raise UserError(f"launcher.{name}={text!r}: empty, or contains a newline or a quote")
+        raise UserError(f"{name}={text!r}: empty, or contains a newline or a quote")
     return shlex.quote(text)
 
 
@@ -68,20 +76,20 @@ def _directives(cfg: Any, run_dir: str | Path, nproc: int) -> list[str]:
         raise UserError(f"launcher.slurm_time={lc.slurm_time!r} is not [D-]HH:MM:SS or MM")
     cpus = cfg.cluster.cpu_cores if cfg.cluster.cpu_cores else nproc
     lines = [
-        f"--job-name={_value('slurm_job_name', lc.slurm_job_name or run_name(run_dir))}",
+        f"--job-name={_value('launcher.slurm_job_name', lc.slurm_job_name or run_name(run_dir))}",
         f"--nodes={cfg.cluster.num_nodes}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={cpus}",
     ]
     if cfg.cluster.device == "cuda":
         lines.append(f"--gpus-per-node={nproc}")
-    lines.append(f"--time={_value('slurm_time', lc.slurm_time)}")
+    lines.append(f"--time={_value('launcher.slurm_time', lc.slurm_time)}")
     if lc.slurm_partition:
-        lines.append(f"--partition={_value('slurm_partition', lc.slurm_partition)}")
+        lines.append(f"--partition={_value('launcher.slurm_partition', lc.slurm_partition)}")
     if lc.slurm_account:
-        lines.append(f"--account={_value('slurm_account', lc.slurm_account)}")
+        lines.append(f"--account={_value('launcher.slurm_account', lc.slurm_account)}")
     lines += [
-        f"--output={_value('run_dir', output_pattern(run_dir))}",
+        f"--output={_value('train.run_dir', output_pattern(run_dir))}",
         "--open-mode=append",
         f"--signal={_signal(lc.slurm_signal)}",
         "--requeue" if lc.slurm_requeue else "--no-requeue",
@@ -109,20 +117,16 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
     env = launch_env(cfg, shape)
     q = shlex.quote
     cpus = cfg.cluster.cpu_cores if cfg.cluster.cpu_cores else shape.nproc_per_node
-    torchrun = [
-        *torchrun_prefix(python_of(cfg)),
-        '--nnodes="$SLURM_NNODES"',
-        f"--nproc-per-node={shape.nproc_per_node}",
+    options = [
+        _EXPANDED[0],
+        q(f"--nproc-per-node={shape.nproc_per_node}"),
         "--rdzv-backend=c10d",
-        '--rdzv-endpoint="$head_node:$rdzv_port"',
-        '--rdzv-id="$SLURM_JOB_ID"',
+        *_EXPANDED[1:],
         f"--max-restarts={int(cfg.launcher.max_restarts)}",
-        *entry_args(run_dir),
     ]
-    # The three $-arguments above are ours and must expand; everything else is quoted.
-    quoted = [a if a.startswith("--") and '"$' in a else q(a) for a in torchrun]
-    cmd = " ".join(quoted[:3]) + "".join(f" \\\n    {a}" for a in quoted[3:-3])
-    cmd += " \\\n    " + " ".join(quoted[-3:])
+    cmd = " ".join(q(a) for a in torchrun_prefix(python_of(cfg)))
+    cmd += "".join(f" \\\n    {o}" for o in options)
+    cmd += " \\\n    " + " ".join(q(a) for a in entry_args(run_dir))
     secrets = " ".join(q(s) for s in cfg.launcher.secrets)
     lines = [
         "#!/bin/bash",

@@ -283,7 +283,10 @@ class DistCheckpointer:
         self.retry_next = False
         self.signal: int | None = None
         self.validated_once = False
-        self.blocked_s: list[float] = []
+        self.blocked_s: list[float] = []  # per save: time the training loop was held
+        self.commit_s: list[float] = []  # per committed save: start to commit
+        self.validate_s: float | None = None  # full validation of the resume candidates
+        self.load_s: float | None = None  # megatron load + state restore
         self.loaded_step: int | None = None
         if self.enabled:
             self._install_handlers()
@@ -349,7 +352,9 @@ class DistCheckpointer:
             stale = store.clean_stale(self.root)
             if stale:
                 log.info("removed leftovers of interrupted saves: %s", ", ".join(sorted(stale)))
+            t0 = time.perf_counter()
             valid, skipped = store.newest_valid(self.root, full=True)
+            self.validate_s = time.perf_counter() - t0
             for v in skipped:
                 log.warning("checkpoint %s is invalid (%s); skipping it", v.path.name, v.reason)
             found = None if valid is None else valid.step
@@ -379,6 +384,7 @@ class DistCheckpointer:
             hint = f" (layout changed: {dims}; megatron-core cannot reshard this)" if dims else ""
             raise UserError(f"cannot load checkpoint {ckpt_dir}{hint}: {e}") from e
         self._apply(state, loaded, saved, ckpt_dir, changed)
+        self.load_s = time.perf_counter() - t0
         log.info(
             "resumed from %s (step %d, %d samples) in %.2f s%s", ckpt_dir.name, saved["step"],
             saved["consumed_samples"], time.perf_counter() - t0,
@@ -553,6 +559,7 @@ class DistCheckpointer:
         assert pending is not None
         if pending.committed:
             self.last_saved, self.failed_attempts, self.failed_saves = pending.step, 0, 0
+            self.commit_s.append(time.perf_counter() - pending.started)
             log.info(
                 "checkpoint %s committed (%.2f s after start)",
                 store.iter_name(pending.step), time.perf_counter() - pending.started,

@@ -29,10 +29,21 @@ from typing import Any
 _INSTALLED = False
 _MODE: Any = None
 _SAVED: dict[tuple[Any, str], Any] = {}
-_CUDA_PATCHES = (
-    "current_device Stream Event current_stream default_stream stream synchronize empty_cache "
-    "set_device memory_allocated max_memory_allocated memory_reserved reset_peak_memory_stats"
-).split()
+_CUDA_PATCHES = [
+    "current_device",
+    "Stream",
+    "Event",
+    "current_stream",
+    "default_stream",
+    "stream",
+    "synchronize",
+    "empty_cache",
+    "set_device",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "reset_peak_memory_stats",
+]
 
 
 class _NullStream:
@@ -147,20 +158,24 @@ def _patch_torch_cuda() -> None:
         _SAVED[(torch.cuda, name)] = getattr(torch.cuda, name)
     _SAVED[(torch.Tensor, "record_stream")] = torch.Tensor.record_stream
     cpu = torch.device("cpu")
-    torch.cuda.current_device = lambda: cpu  # type: ignore[assignment,return-value]
-    torch.cuda.Stream = _NullStream  # type: ignore[assignment,misc]
-    torch.cuda.Event = _NullEvent  # type: ignore[assignment,misc]
-    torch.cuda.current_stream = lambda *a, **k: _NullStream()  # type: ignore[assignment]
-    torch.cuda.default_stream = lambda *a, **k: _NullStream()  # type: ignore[assignment]
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-    torch.cuda.empty_cache = lambda: None  # type: ignore[assignment]
-    torch.cuda.set_device = lambda *a, **k: None  # type: ignore[assignment]
-    torch.cuda.memory_allocated = lambda *a, **k: 0  # type: ignore[assignment]
-    torch.cuda.max_memory_allocated = lambda *a, **k: 0  # type: ignore[assignment]
-    torch.cuda.memory_reserved = lambda *a, **k: 0  # type: ignore[assignment]
-    torch.cuda.reset_peak_memory_stats = lambda *a, **k: None  # type: ignore[assignment]
-    torch.Tensor.record_stream = lambda self, *a, **k: None  # type: ignore[assignment,method-assign]
+    replacements: dict[str, Any] = {
+        "current_device": lambda: cpu,
+        "Stream": _NullStream,
+        "Event": _NullEvent,
+        "current_stream": lambda *a, **k: _NullStream(),
+        "default_stream": lambda *a, **k: _NullStream(),
+        "stream": lambda *a, **k: contextlib.nullcontext(),
+        "synchronize": lambda *a, **k: None,
+        "empty_cache": lambda: None,
+        "set_device": lambda *a, **k: None,
+        "memory_allocated": lambda *a, **k: 0,
+        "max_memory_allocated": lambda *a, **k: 0,
+        "memory_reserved": lambda *a, **k: 0,
+        "reset_peak_memory_stats": lambda *a, **k: None,
+    }
+    for name, value in replacements.items():
+        setattr(torch.cuda, name, value)
+    setattr(torch.Tensor, "record_stream", lambda self, *a, **k: None)  # noqa: B010
 
 
 def _cpu_rng_tracker_class() -> type:
@@ -229,7 +244,9 @@ def install() -> None:
     import warnings
 
     # megatron-core announces at import that it falls back from TE/Apex: expected on CPU.
-    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*", category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message=r".*(Apex|Transformer Engine).*", category=UserWarning
+    )
     _patch_torch_cuda()
     _MODE = _make_mode()
     _MODE.__enter__()

@@ -92,7 +92,9 @@ def manifest_tokenizer(prefix: str) -> dict[str, Any] | None:
     return tok if isinstance(tok, dict) else None
 
 
-def _tokenizer_facts(prefixes: list[str], tok_path: str | None) -> tuple[str | None, int | None, int]:
+def _tokenizer_facts(
+    prefixes: list[str], tok_path: str | None
+) -> tuple[str | None, int | None, int]:
     """(tokenizer path, vocab size, EOD id) from data.tokenizer or the datasets' manifests."""
     if tok_path:
         vocab, eod = tokenizer_info(tok_path)
@@ -181,9 +183,7 @@ def build_datasets(
         mid_level_dataset_surplus=0.005,
     )
     sizes = [num_train_samples, num_valid_samples, 0]
-    train, valid, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, sizes, lambda: True, config
-    ).build()
+    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
     return train, valid
 
 

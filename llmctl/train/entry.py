@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from llmctl.config import load_resolved
     from llmctl.errors import UserError
     from llmctl.train import parallel
-    from llmctl.train.rundir import CONFIG_FILE, read_plan
     from llmctl.train.run import train
+    from llmctl.train.rundir import CONFIG_FILE, read_plan
 
     try:
         cfg = load_resolved(run_dir / CONFIG_FILE)

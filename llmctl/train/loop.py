@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -210,9 +209,7 @@ class Trainer:
             self.scheduler.step(increment=1)
         self.state.step += 1
         self.state.consumed_samples += self.layout.global_batch_size
-        return _reduce_loss(losses, self.device), (
-            None if grad_norm is None else float(grad_norm)
-        )
+        return _reduce_loss(losses, self.device), (None if grad_norm is None else float(grad_norm))
 
     def evaluate(self) -> float:
         """Mean validation loss over `train.eval_iters` steps (same batches every time)."""
@@ -234,7 +231,7 @@ class Trainer:
                 total += _reduce_loss(self._forward_backward(iters, True), self.device)
         for m in self.model:
             m.train()
-        return total / max(self.cfg.train.eval_iters, 1)
+        return float(total / max(self.cfg.train.eval_iters, 1))
 
     def current_lr(self) -> float:
         """Learning rate of the first param group."""

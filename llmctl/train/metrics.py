@@ -36,7 +36,7 @@ def flops_per_token(model: Any) -> float:
     per_layer = h * (q + kv) + q * h + mats * h * ffn * active_experts
     n_matmul = model.num_layers * per_layer + v * h
     attention = 12 * model.num_layers * model.seq_length * q
-    return 6.0 * n_matmul + attention
+    return float(6.0 * n_matmul + attention)
 
 
 def peak_tflops_for(cluster: Any, dtype: str) -> float | None:

@@ -197,4 +197,4 @@ def count_parameters(model: Any) -> int:
     embed = v * h * (1 if model.tied_embeddings else 2)
     pos = 0 if _value(model.position_embedding) == "rope" else model.seq_length * h
     final_norm = h * (2 if _value(model.normalization) == "layernorm" else 1)
-    return n * (attn + mlp + norms + bias) + embed + pos + final_norm
+    return int(n * (attn + mlp + norms + bias) + embed + pos + final_norm)

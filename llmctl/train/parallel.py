@@ -52,8 +52,9 @@ def init_distributed(timeout_minutes: int = 30) -> DistEnv:
         if "RANK" in os.environ:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:  # one plain process: an in-memory store, no port, environment untouched
+            store = dist.HashStore()  # type: ignore[attr-defined]
             dist.init_process_group(
-                backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+                backend=backend, store=store, rank=0, world_size=1, timeout=timeout
             )
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, on_gpu)
 

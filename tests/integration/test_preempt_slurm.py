@@ -29,7 +29,8 @@ from llmctl.cli.main import app  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm_local.sh"
-ITERS = 40
+ITERS = 16
+_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "")
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +80,9 @@ def test_preempted_job_requeues_and_finishes_like_uninterrupted(
     ref_dir = tmp_path / "reference"
     reference = run_in_process(compose("tiny_cpu", overrides), ref_dir)
 
-    run_dir = tmp_path / "run"
-    args = ["train", "recipe=tiny_cpu", "launcher=slurm", f"train.run_dir={run_dir}", *overrides]
+    run_dir = tmp_path / "preempt_run"
+    args = ["train", "recipe=tiny_cpu", "launcher=slurm", f"train.run_dir={run_dir}",
+            "launcher.slurm_job_name=llmctl-ckpt-preempt-test", *overrides]  # fmt: skip
     res = CliRunner().invoke(app, [*args, "--json"])
     assert res.exit_code == 0, res.output
     job = str(json.loads(res.output)["job_id"])
@@ -93,7 +95,7 @@ def test_preempted_job_requeues_and_finishes_like_uninterrupted(
         _until(lambda: not _processes_of(run_dir), 60, "the first run's processes to exit")
         time.sleep(1.0)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
-        _until(lambda: _job_field(job, "JobState") in ("COMPLETED", "FAILED", ""), 150, "the end")
+        _until(lambda: _job_field(job, "JobState") in _ENDED, 150, "the end")
     finally:
         subprocess.run(["scancel", job], check=False)
     out = "".join(p.read_text() for p in run_dir.glob("slurm-*.out"))

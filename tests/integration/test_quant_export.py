@@ -49,6 +49,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
             f"model.seq_length={SEQ}",
             f"data.prefixes=[{prefix}]",
             f"data.tokenizer={tok_json}",
+            f"data.cache_dir={root / 'cache'}",
             "checkpoint.interval=10",
             "train.train_iters=20",
             "train.lr=3e-3",

@@ -48,3 +48,23 @@ def test_tokenizer_train_and_corpus(tmp_path: Path) -> None:
     result = runner.invoke(app, [*args, "--vocab-size", "400", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["vocab_size"] == 400
+
+
+def test_bad_choice_is_a_user_error(tmp_path: Path, write_jsonl) -> None:
+    path = write_jsonl(tmp_path / "in.jsonl", ["x"])
+    result = runner.invoke(app, ["data", "dedup", str(path), "--dry-run", "--verify", "maybe"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    args = ["data", "preprocess", str(path), "-o", "x", "-t", "t.json", "--on-error", "never"]
+    assert runner.invoke(app, args).exit_code == 2
+
+
+def test_slurm_print_script_renders_without_submitting(tmp_path: Path, write_jsonl) -> None:
+    path = write_jsonl(tmp_path / "in.jsonl", ["a b c", "d e f"])
+    out = tmp_path / "out"
+    args = ["data", "dedup", str(path), "-o", str(out), "--launcher", "slurm", "--print-script"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.stdout)
+    assert job["num_tasks"] == 1 and "array_job" not in job
+    assert "#SBATCH --array=0-0" in job["text"] and not out.exists()
+    assert (Path(job["job_dir"]) / "job.json").is_file()

@@ -86,3 +86,11 @@ def test_layout_predicted_not_to_fit_is_refused_unless_forced(tmp_path: Path) ->
     assert forced.exit_code == 0, forced.output
     plan = json.loads(forced.output)["plan"]
     assert plan["fits"] is False and plan["peak_mem_gib"] > plan["usable_gib"]
+
+
+def test_sharding_the_runner_lacks_is_refused_before_launch() -> None:
+    res = runner.invoke(
+        app, ["train", "recipe=tiny_cpu", "parallel.optimizer_sharding=full", "--dry-run"]
+    )
+    assert res.exit_code == 2
+    assert "parallel.optimizer_sharding=full is not supported by llmctl train" in res.output

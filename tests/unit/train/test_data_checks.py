@@ -37,18 +37,20 @@ def test_demo_corpus_is_found_with_its_tokenizer(demo_cache):
 
 def test_tokenizer_larger_than_model_vocab(demo_cache):
     cfg = compose("tiny_cpu", [f"data.cache_dir={demo_cache}", "model.vocab_size=1024"])
-    with pytest.raises(UserError, match="has 4096 tokens but model.vocab_size=1024"):
+    with pytest.raises(UserError, match=r"has 4096 tokens but model\.vocab_size=1024"):
         resolve_data(cfg)
 
 
 def test_explicit_tokenizer_is_checked_too(demo_cache):
     tok = demo_cache / "tokenizer" / "tokenizer.json"
-    cfg = compose("tiny_cpu", [f"data.cache_dir={demo_cache}", f"data.tokenizer={tok}",
-                               "model.vocab_size=2048"])
+    cfg = compose(
+        "tiny_cpu",
+        [f"data.cache_dir={demo_cache}", f"data.tokenizer={tok}", "model.vocab_size=2048"],
+    )
     with pytest.raises(UserError, match="has 4096 tokens"):
         resolve_data(cfg)
     cfg.data.tokenizer = str(demo_cache / "missing.json")
-    with pytest.raises(UserError, match="missing.json not found"):
+    with pytest.raises(UserError, match=r"missing\.json not found"):
         resolve_data(cfg)
 
 
@@ -57,7 +59,7 @@ def test_weights_must_match_prefixes(demo_cache):
     prefix = spec.prefixes[0]
     cfg = compose("tiny_cpu", [f"data.prefixes=[{prefix},{prefix}]"])
     cfg.data.weights = [1.0]  # compose validates this too; a hand-edited config.yaml may not
-    with pytest.raises(UserError, match="data.weights has 1 entries but data.prefixes has 2"):
+    with pytest.raises(UserError, match=r"data\.weights has 1 entries but data\.prefixes has 2"):
         resolve_data(cfg)
 
 

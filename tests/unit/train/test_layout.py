@@ -46,7 +46,12 @@ def test_bad_layouts_are_user_errors(overrides, message):
 
 
 def test_interleaved_needs_microbatches_divisible_by_pp():
-    cfg = _cfg("model.num_layers=4", "parallel.pp=2", "parallel.vpp=2", "train.global_batch_size=12",
-               "parallel.micro_batch_size=4")
+    cfg = _cfg(
+        "model.num_layers=4",
+        "parallel.pp=2",
+        "parallel.vpp=2",
+        "train.global_batch_size=12",
+        "parallel.micro_batch_size=4",
+    )
     with pytest.raises(UserError, match=r"micro-batches per step \(3\) divisible by PP=2"):
         resolve_layout(cfg, world_size=2)

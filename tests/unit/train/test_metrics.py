@@ -54,15 +54,32 @@ def test_metrics_log_writes_json_lines_with_null_for_nan(tmp_path):
 
 def test_perf_files_hold_the_contract_fields(tmp_path):
     report = PerfReport(
-        cluster="dgx_h100", layout={"tp": 8, "pp": 1}, dtype="bf16", num_devices=8,
-        predicted_step_s=1.1, measured_step_s=1.0, predicted_peak_mem_gib=60.0,
-        measured_peak_mem_gib=None, tokens_per_s=4096.0, predicted_tokens_per_s=3723.6,
-        tflops_per_device=400.0, mfu=0.4, steps_measured=20,
+        cluster="dgx_h100",
+        layout={"tp": 8, "pp": 1},
+        dtype="bf16",
+        num_devices=8,
+        predicted_step_s=1.1,
+        measured_step_s=1.0,
+        predicted_peak_mem_gib=60.0,
+        measured_peak_mem_gib=None,
+        tokens_per_s=4096.0,
+        predicted_tokens_per_s=3723.6,
+        tflops_per_device=400.0,
+        mfu=0.4,
+        steps_measured=20,
     )
     write_perf(tmp_path, report)
     data = json.loads((tmp_path / "perf.json").read_text())
-    for key in ("cluster", "layout", "dtype", "predicted_step_s", "measured_step_s",
-                "predicted_peak_mem_gib", "measured_peak_mem_gib", "tokens_per_s"):
+    for key in (
+        "cluster",
+        "layout",
+        "dtype",
+        "predicted_step_s",
+        "measured_step_s",
+        "predicted_peak_mem_gib",
+        "measured_peak_mem_gib",
+        "tokens_per_s",
+    ):
         assert key in data
     md = perf_markdown(report)
     assert "| step time (s) | 1.1 | 1 | 1.10 |" in md

@@ -23,9 +23,9 @@ def test_fp8_without_transformer_engine_names_the_extra():
 def test_recipes_resolve_by_dtype_and_fp8_recipe():
     for name in ("fp32", "bf16", "fp8_delayed", "fp8_current"):
         assert recipe_for(compose("tiny_cpu", [f"precision={name}"]).precision).name == name
-    assert check_precision(compose("tiny_cpu", []).precision, has_cuda=False, has_te=False).name == (
-        "fp32"
-    )
+    assert check_precision(
+        compose("tiny_cpu", []).precision, has_cuda=False, has_te=False
+    ).name == ("fp32")
 
 
 def test_megatron_kwargs_for_fp8_current_scaling():

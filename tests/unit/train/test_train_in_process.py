@@ -20,8 +20,14 @@ def tiny_run(demo_cache, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     cfg = compose(
         "tiny_cpu",
-        [f"data.cache_dir={demo_cache}", f"train.run_dir={run_dir}", "train.train_iters=50",
-         "train.lr=3e-3", "train.min_lr=3e-4", "train.eval_interval=25"],
+        [
+            f"data.cache_dir={demo_cache}",
+            f"train.run_dir={run_dir}",
+            "train.train_iters=50",
+            "train.lr=3e-3",
+            "train.min_lr=3e-4",
+            "train.eval_interval=25",
+        ],
     )
     create_run_dir(cfg, None)
     return run_in_process(cfg, run_dir), run_dir
@@ -63,25 +69,31 @@ def test_lr_warms_up_then_decays(tiny_run):
 
 def test_parameter_count_matches_megatron_model():
     """The config-side count (used for FLOPs) equals what megatron actually builds."""
-    from llmctl.train.model import count_parameters
-    from llmctl.train.run import run_in_process  # noqa: F401  (imports megatron)
-
     import torch.distributed as dist
 
     from llmctl.train import cpu_compat, parallel
     from llmctl.train.layout import resolve_layout
-    from llmctl.train.model import build_model_chunks, transformer_config
+    from llmctl.train.model import build_model_chunks, count_parameters, transformer_config
     from llmctl.train.precision import RECIPES
+    from llmctl.train.run import run_in_process  # noqa: F401  (imports megatron)
 
-    for family in (["model.family=llama"], ["model.normalization=layernorm", "model.activation=gelu",
-                   "model.position_embedding=learned_absolute", "model.add_bias_linear=true"]):
+    for family in (
+        ["model.family=llama"],
+        [
+            "model.normalization=layernorm",
+            "model.activation=gelu",
+            "model.position_embedding=learned_absolute",
+            "model.add_bias_linear=true",
+        ],
+    ):
         cfg = compose("tiny_cpu", family)
         parallel.init_distributed()
         try:
             layout = resolve_layout(cfg, 1)
             parallel.init_model_parallel(layout, 1, on_gpu=False)
-            config = transformer_config(cfg.model, layout, cfg.precision, RECIPES["fp32"],
-                                        on_gpu=False)
+            config = transformer_config(
+                cfg.model, layout, cfg.precision, RECIPES["fp32"], on_gpu=False
+            )
             (chunk,) = build_model_chunks(cfg.model, config, layout, use_te=False, seed=1)
             assert sum(p.numel() for p in chunk.parameters()) == count_parameters(cfg.model)
         finally:

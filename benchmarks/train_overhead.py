@@ -1,0 +1,257 @@
+"""llmctl train vs a minimal hand-written megatron-core loop: same model, data, layout, machine.
+
+Run: `python benchmarks/train_overhead.py [--steps 30] [--reps 3]`.
+
+Both sides run in fresh processes, alternated (bare, llmctl, bare, llmctl, ...) so machine load
+drifts hit both alike. Each worker trains the same Llama-style model (4 layers, hidden 256,
+seq 128, vocab 4096, GBS 8, MBS 4, TP=PP=DP=1, fp32) on the same demo corpus through megatron's
+GPTDataset, with the same megatron DDP, Adam optimizer and cosine LR schedule. Throughput is
+`(steps after warm-up) * tokens per step / wall time` between the end of the warm-up step and
+the end of the last step, measured from per-step wall-clock stamps: for llmctl those are the
+`time` fields of metrics.jsonl, so every per-step cost of the runner (loss reduction, metrics
+file, panel/log line, LR lookup) is inside the measurement. The bare loop needs the same CPU
+compatibility layer (megatron-core does not run on CPU without it), so it imports llmctl's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WARMUP = 5
+MODEL = [
+    "model.num_layers=4",
+    "model.hidden_size=256",
+    "model.ffn_hidden_size=1024",
+    "model.num_attention_heads=8",
+    "model.num_query_groups=8",
+    "model.seq_length=128",
+]
+
+
+def _cfg(steps: int, cache: str, run_dir: str):
+    from llmctl.config import compose
+
+    return compose(
+        "tiny_cpu",
+        [
+            *MODEL,
+            f"train.train_iters={steps}",
+            "train.eval_interval=0",
+            "train.log_interval=1",
+            f"data.cache_dir={cache}",
+            f"train.run_dir={run_dir}",
+        ],
+    )
+
+
+def _tokens_per_s(stamps: list[float], tokens_per_step: int) -> float:
+    timed = stamps[WARMUP - 1 :]
+    return (len(timed) - 1) * tokens_per_step / (timed[-1] - timed[0])
+
+
+def worker_llmctl(steps: int, cache: str) -> float:
+    """Train through llmctl's runner; throughput from metrics.jsonl stamps."""
+    from llmctl.train import run_in_process
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _cfg(steps, cache, tmp)
+        run_in_process(cfg, tmp)
+        records = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+    tokens = cfg.train.global_batch_size * cfg.model.seq_length
+    return _tokens_per_s([r["time"] for r in records], tokens)
+
+
+def worker_bare(steps: int, cache: str) -> float:
+    """A minimal megatron-core loop written by hand (what a user would write without llmctl)."""
+    from functools import partial
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer import TransformerConfig
+
+    from llmctl.data.demo import prepare_demo_data
+    from llmctl.train import cpu_compat
+
+    cpu_compat.install()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ps.initialize_model_parallel()
+    cpu_compat.seed_model_parallel_rng(1234, tp_rank=0)
+    torch.manual_seed(1234)
+    config = TransformerConfig(
+        num_layers=4,
+        hidden_size=256,
+        ffn_hidden_size=1024,
+        num_attention_heads=8,
+        num_query_groups=8,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        layernorm_epsilon=1e-5,
+        use_cpu_initialization=True,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=4096,
+        max_sequence_length=128,
+        position_embedding_type="rope",
+    )
+    model = DistributedDataParallel(
+        config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model
+    )
+    config.no_sync_func = model.no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    opt = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam", lr=3e-4, min_lr=3e-5, weight_decay=0.1, adam_beta2=0.95, clip_grad=1.0
+        ),
+        [model],
+    )
+    sched = OptimizerParamScheduler(
+        opt, 0.0, 3e-4, 3e-5, 5, steps, "cosine", 0.1, 0.1, steps, "constant"
+    )
+
+    class Tok:
+        vocab_size, eod, unique_identifiers = 4096, 0, {"bench": 1}
+
+    prefix = prepare_demo_data(cache)
+    ds_cfg = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=128,
+        blend=([prefix], None),
+        split="98,2,0",
+        tokenizer=Tok(),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        path_to_cache=str(Path(cache) / "index-cache"),
+    )
+    train_ds = BlendedMegatronDatasetBuilder(
+        GPTDataset, [steps * 8, 0, 0], lambda: True, ds_cfg
+    ).build()[0]
+
+    def batches():
+        i = 0
+        while True:
+            s = [train_ds[i + j] for j in range(4)]
+            i += 4
+            yield {
+                k: torch.stack([x[k] for x in s])
+                for k in ("tokens", "labels", "loss_mask", "position_ids")
+            }
+
+    def loss_fn(mask, out):
+        loss = (out.float().view(-1) * mask.view(-1)).sum() / mask.sum()
+        return loss, {"loss": loss.detach().clone()}
+
+    def fwd(it, m):
+        b = next(it)
+        return m(b["tokens"], b["position_ids"], None, labels=b["labels"]), partial(
+            loss_fn, b["loss_mask"].float()
+        )
+
+    it, fb, stamps = batches(), get_forward_backward_func(), []
+    for _ in range(steps):
+        model.zero_grad_buffer()
+        opt.zero_grad()
+        losses = fb(
+            forward_step_func=fwd,
+            data_iterator=it,
+            model=model,
+            num_microbatches=2,
+            seq_length=128,
+            micro_batch_size=4,
+        )
+        opt.step()
+        sched.step(increment=1)
+        float(losses[-1]["loss"])
+        stamps.append(time.time())
+    dist.destroy_process_group()
+    return _tokens_per_s(stamps, 8 * 128)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cache", default=str(Path.home() / ".cache/llmctl/demo"))
+    ap.add_argument("--worker", choices=["bare", "llmctl"])
+    args = ap.parse_args()
+    if args.worker:
+        fn = worker_bare if args.worker == "bare" else worker_llmctl
+        print(json.dumps({"tokens_per_s": fn(args.steps, args.cache)}))
+        return
+    results: dict[str, list[float]] = {"bare": [], "llmctl": []}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for rep in range(args.reps):
+        for side in ("bare", "llmctl"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    side,
+                    "--steps",
+                    str(args.steps),
+                    "--cache",
+                    args.cache,
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            ).stdout
+            results[side].append(json.loads(out.strip().splitlines()[-1])["tokens_per_s"])
+            print(f"rep {rep} {side:7s} {results[side][-1]:9.1f} tokens/s", flush=True)
+    bare, ours = statistics.median(results["bare"]), statistics.median(results["llmctl"])
+    print(
+        json.dumps(
+            {
+                "bare_tokens_per_s": bare,
+                "llmctl_tokens_per_s": ours,
+                "ratio": ours / bare,
+                "runs": results,
+                "steps": args.steps,
+                "load_average": os.getloadavg(),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
