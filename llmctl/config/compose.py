@@ -131,7 +131,7 @@ def compose(
     defaults: list[Any] = [_SCHEMA_NODE, *({g: c} for g, c in choices.items()), "_self_"]
     store.store(name=_RECIPE_NODE, node={"defaults": defaults, **body})
     overrides = list(overrides or [])
-    _check_override_keys(overrides)
+    overrides = _check_override_keys(overrides)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(resource_dir("configs")), version_base=None):
@@ -179,21 +179,37 @@ def all_keys() -> list[str]:
     return keys
 
 
-def _check_override_keys(overrides: list[str]) -> None:
+def _dict_keys() -> set[str]:
+    """Dotted keys of dict-typed fields (e.g. launcher.env), which accept new entries."""
+    root = OmegaConf.structured(RootConfig)
+    return {
+        f"{g}.{k}"
+        for g in GROUPS
+        for k in root[g]
+        if isinstance(root[g]._get_node(k), DictConfig)
+    }
+
+
+def _check_override_keys(overrides: list[str]) -> list[str]:
+    """Reject unknown keys with a hint; let dict fields take new entries (`launcher.env.X=1`)."""
     known = set(all_keys())
+    dicts = _dict_keys()
+    out = []
     for ov in overrides:
-        key = re.split(r"[=~]", ov.lstrip("+~"), maxsplit=1)[0].strip()
         if "=" not in ov:
             raise UserError(f"override {ov!r} is not key=value")
+        key = re.split(r"[=~]", ov.lstrip("+~"), maxsplit=1)[0].strip()
         if key in GROUPS:
             options = list_options(key)
             value = ov.split("=", 1)[1]
             if value not in options:
                 raise UserError(f"unknown {key} option {value!r}{_closest(value, options)}")
-            continue
-        if key == "recipe" or key in known:
-            continue
-        raise UserError(f"unknown config key {key!r}{_closest(key, sorted(known))}")
+        elif any(key == d or key.startswith(d + ".") for d in dicts):
+            ov = "++" + ov.lstrip("+")  # struct mode would refuse new keys of a dict field
+        elif key != "recipe" and key not in known:
+            raise UserError(f"unknown config key {key!r}{_closest(key, sorted(known))}")
+        out.append(ov)
+    return out
 
 
 def _hydra_message(exc: BaseException) -> str:

@@ -498,9 +498,11 @@ def check_hardware(spec: QuantSpec) -> None:
         UserError: AWQ without CUDA: llm-compressor 0.14's AWQ pins host memory, which
             needs an accelerator (measured: "Cannot access accelerator device").
     """
+    if spec.algorithm.value != "awq":
+        return
     import torch
 
-    if spec.algorithm.value == "awq" and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise UserError(
             "--algorithm awq needs a CUDA device (llm-compressor's AWQ pins host memory); "
             "on CPU use --algorithm gptq"

@@ -251,10 +251,12 @@ def _wrapped_async_fn(
     fn: Any, ckpt_dir: Path, rank: int, rng: dict[str, Any], train_state: Any
 ) -> Any:
     """megatron's write function followed by llmctl's per-rank files and marker."""
+    trainer_pid = os.getpid()
 
     def run(*args: Any, **kwargs: Any) -> None:
-        for sig in PREEMPT_SIGNALS:  # a forked writer must die on SIGTERM, not set our flag
-            signal.signal(sig, signal.SIG_DFL)
+        if os.getpid() != trainer_pid:  # a forked writer must die on SIGTERM, not set a flag
+            for sig in PREEMPT_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
         if fn is not None:
             fn(*args, **kwargs)
         _write_rank_files(ckpt_dir, rank, rng, train_state)
@@ -536,7 +538,7 @@ class DistCheckpointer:
                 manifest = store.build_manifest(pending.tmp_dir, self.world, header)
                 store.commit(self.root, pending.tmp_dir, pending.step, manifest)
                 gone = store.apply_retention(
-                    self.root, self.policy.keep_last, self.policy.keep_every
+                    self.root, self.policy.keep_last, self.policy.keep_every, background=True
                 )
                 if gone:
                     log.info("retention removed checkpoints of steps %s", gone)

@@ -189,12 +189,23 @@ def commit(ckpt_root: Path, tmp_dir: Path, step: int, manifest: dict[str, Any]) 
     return final
 
 
-def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint directory: rename it out of the valid namespace first."""
+def remove_checkpoint(path: Path, *, background: bool = False) -> None:
+    """Delete a checkpoint directory: rename it out of the valid namespace first.
+
+    Args:
+        path: The `iter_N` directory.
+        background: Delete the renamed files in a daemon thread (the rename is what makes
+            the deletion safe; leftovers are removed by `clean_stale` at the next start).
+    """
+    import threading
+
     trash = path.with_name(f"{DEL_PREFIX}{path.name}-{time.time_ns()}")
     os.rename(path, trash)
     fsync_dir(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    if background:
+        threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True).start()
+    else:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def clean_stale(ckpt_root: Path) -> list[str]:
@@ -236,11 +247,13 @@ def retention_victims(steps: list[int], keep_last: int, keep_every: int | None) 
     return [s for s in steps if s not in keep]
 
 
-def apply_retention(ckpt_root: Path, keep_last: int, keep_every: int | None) -> list[int]:
+def apply_retention(
+    ckpt_root: Path, keep_last: int, keep_every: int | None, *, background: bool = False
+) -> list[int]:
     """Delete checkpoints the retention policy no longer keeps. Returns their steps."""
     victims = retention_victims(committed_steps(ckpt_root), keep_last, keep_every)
     for step in victims:
-        remove_checkpoint(ckpt_root / iter_name(step))
+        remove_checkpoint(ckpt_root / iter_name(step), background=background)
     return victims
 
 

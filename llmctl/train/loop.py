@@ -147,7 +147,7 @@ class Trainer:
         recipe = check_precision(cfg.precision, has_cuda=self.on_gpu, has_te=use_te)
         self.recipe = recipe
         self.config = model_mod.transformer_config(
-            cfg.model, layout, cfg.precision, recipe, on_gpu=self.on_gpu
+            cfg.model, layout, cfg.precision, recipe, on_gpu=self.on_gpu, use_te=use_te
         )
         chunks = model_mod.build_model_chunks(
             cfg.model, self.config, layout, use_te=use_te, seed=cfg.train.seed
@@ -155,6 +155,10 @@ class Trainer:
         if self.on_gpu:
             for c in chunks:
                 c.cuda(torch.cuda.current_device())
+        if self.config.bf16 or self.config.fp16:  # half inputs in, fp32 logits/loss out
+            from megatron.core.transformer.module import Float16Module
+
+            chunks = [Float16Module(self.config, c) for c in chunks]
         self.model = optim.wrap_ddp(chunks, self.config, layout, on_gpu=self.on_gpu)
         self.optimizer = optim.build_optimizer(cfg, self.model, self.config, layout)
         self.scheduler = optim.build_scheduler(cfg, self.optimizer)

@@ -31,28 +31,38 @@ def _recompute_kwargs(layout: TrainLayout) -> dict[str, Any]:
     return {}
 
 
-def _device_kwargs(on_gpu: bool) -> dict[str, Any]:
+def _device_kwargs(model: Any, *, on_gpu: bool, use_te: bool) -> dict[str, Any]:
     """Fusions, init placement and pipeline p2p mode.
 
-    All fused kernels need CUDA (most also TE or Apex). `batch_p2p_comm` is off on CPU: with
-    gloo, batched isend/irecv in both directions at once (the interleaved schedule's steady
-    state, micro-batches > PP) gave wrong activations (step-1 loss 8.3738 instead of 8.3743,
-    measured); separate send/recv ops match TP=1 exactly.
+    Fused kernels need CUDA: weight-gradient accumulation, persistent LayerNorm, masked softmax
+    and RoPE fusion need Transformer Engine (or Apex) as well; bias+activation and
+    bias+dropout fusions are torch-scripted and need only CUDA (bias+GeLU only with a bias).
+    `batch_p2p_comm` is off on CPU: with gloo, batched isend/irecv in both directions at once
+    (the interleaved schedule's steady state, micro-batches > PP) gave wrong activations
+    (step-1 loss 8.3738 instead of 8.3743, measured); separate send/recv ops match TP=1 exactly.
     """
+    te = on_gpu and use_te
+    gated = _value(model.activation) == "swiglu"
     return {
         "batch_p2p_comm": on_gpu,
         "use_cpu_initialization": not on_gpu,
-        "gradient_accumulation_fusion": on_gpu,
-        "bias_activation_fusion": on_gpu,
-        "masked_softmax_fusion": on_gpu,
+        "gradient_accumulation_fusion": te,
+        "bias_activation_fusion": on_gpu and (gated or model.add_bias_linear),
+        "masked_softmax_fusion": te,
         "bias_dropout_fusion": on_gpu,
-        "apply_rope_fusion": on_gpu,
-        "persist_layer_norm": on_gpu,
+        "apply_rope_fusion": te and _value(model.position_embedding) == "rope",
+        "persist_layer_norm": te,
     }
 
 
 def transformer_config(
-    model: Any, layout: TrainLayout, precision: Any, recipe: PrecisionRecipe, *, on_gpu: bool
+    model: Any,
+    layout: TrainLayout,
+    precision: Any,
+    recipe: PrecisionRecipe,
+    *,
+    on_gpu: bool,
+    use_te: bool = False,
 ) -> Any:
     """megatron `TransformerConfig` for the model, layout and precision.
 
@@ -62,6 +72,7 @@ def transformer_config(
         precision: `cfg.precision`.
         recipe: The checked precision recipe.
         on_gpu: Whether CUDA (and the fused paths) are in use.
+        use_te: Whether the Transformer Engine layer spec is used (enables TE-only fusions).
     """
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -96,7 +107,7 @@ def transformer_config(
         deallocate_pipeline_outputs=True,
         variable_seq_lengths=False,
         **_recompute_kwargs(layout),
-        **_device_kwargs(on_gpu),
+        **_device_kwargs(model, on_gpu=on_gpu, use_te=use_te),
         **prec,
     )
 

@@ -91,3 +91,10 @@ def test_every_shipped_recipe_and_option_composes() -> None:
         compose("tiny_cpu", [f"model={model}"])
     for cluster in list_options("cluster"):
         compose("tiny_cpu", [f"cluster={cluster}"])
+
+
+def test_dict_fields_take_new_entries() -> None:
+    cfg = compose("tiny_cpu", ["launcher.env={FOO: bar}", "launcher.env.BAZ=1"])
+    assert cfg.launcher.env == {"FOO": "bar", "BAZ": "1"}
+    cfg = compose("tiny_cpu", ["cluster.peak_tflops.bf16=0.3"])
+    assert cfg.cluster.peak_tflops["bf16"] == 0.3 and cfg.cluster.peak_tflops["fp32"] == 0.16

@@ -144,7 +144,12 @@ def test_stop_after_max_failed_saves(corpus: Path, tmp_path: Path) -> None:
     assert steps[-1] == 5  # fail at 2, retry fails at 3 (save 1), fail at 4, retry at 5 (save 2)
 
 
-def test_signal_checkpoints_then_resume_matches(baseline, corpus: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "async_save"), [(signal.SIGUSR1, True), (signal.SIGTERM, False)]
+)
+def test_signal_checkpoints_then_resume_matches(
+    baseline, corpus: Path, tmp_path: Path, signum: int, async_save: bool
+) -> None:
     from llmctl.train.checkpoint import TrainingStopped
 
     _, losses = baseline
@@ -154,16 +159,16 @@ def test_signal_checkpoints_then_resume_matches(baseline, corpus: Path, tmp_path
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
-                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signum)
                 return
             time.sleep(0.005)
 
     sender = threading.Thread(target=preempt_after_step_5, daemon=True)
     sender.start()
-    with pytest.raises(TrainingStopped) as info:
-        _train(_cfg(corpus, 12), tmp_path)
+    with pytest.raises(TrainingStopped) as info:  # sync saves at 4 must keep the handlers
+        _train(_cfg(corpus, 12, f"checkpoint.async_save={async_save}"), tmp_path)
     sender.join()
-    assert info.value.code == 128 + signal.SIGUSR1
+    assert info.value.code == 128 + signum
     stopped_at = store.read_latest(tmp_path / "checkpoints")
     assert stopped_at is not None and 5 <= stopped_at < 12
     resumed = _train(_cfg(corpus, 12), tmp_path)

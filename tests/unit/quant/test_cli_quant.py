@@ -1,0 +1,110 @@
+"""`llmctl quantize` / `llmctl export hf`: bad input fails before any heavy work, exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import write_data, write_hf_dir
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+
+runner = CliRunner()
+
+
+def _quantize(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, ["quantize", *args])
+    return res.exit_code, res.output
+
+
+def test_dry_run_plans_without_writing(hf_dir: Path, data: str, tmp_path: Path) -> None:
+    out = tmp_path / "q"
+    code, text = _quantize(str(hf_dir), "--out", str(out), "--data", data, "--dry-run", "--json")
+    assert code == 0, text
+    plan = json.loads(text)
+    assert plan["scheme"] == "W4A16" and plan["group_size"] == 128
+    assert plan["num_quantized_linears"] == 7  # lm_head ignored
+    assert plan["theoretical_bits_per_weight"] == 4.125
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "needs --data PREFIX"),
+        (["--group-size", "96", "--data", "DATA"], "group size 96 does not divide"),
+        (["--scheme", "W5A16", "--data", "DATA"], "unknown quant.scheme"),
+        (["--preset", "nope", "--data", "DATA"], "unknown quantization preset"),
+        (["--algorithm", "gptq", "--scheme", "FP8_DYNAMIC", "--data", "DATA"], "cannot produce"),
+        (["--data", "DATA", "--num-samples", "1000"], "lower --num-samples"),
+    ],
+)
+def test_bad_requests_exit_2(
+    hf_dir: Path, data: str, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    args = [a.replace("DATA", data) for a in extra]
+    code, text = _quantize(str(hf_dir), "--out", str(tmp_path / "q"), *args)
+    assert code == 2 and message in " ".join(text.split()), text
+    assert not (tmp_path / "q").exists()
+
+
+def test_data_from_another_tokenizer_is_refused(hf_dir: Path, tmp_path: Path) -> None:
+    foreign = write_data(tmp_path / "foreign_text_document", high=5000)
+    code, text = _quantize(str(hf_dir), "--out", str(tmp_path / "q"), "--data", foreign)
+    assert code == 2 and "different tokenizer" in text
+
+
+def test_unsupported_architecture_and_existing_output(tmp_path: Path, data: str) -> None:
+    gpt2 = write_hf_dir(tmp_path / "gpt2", arch="GPT2LMHeadModel")
+    code, text = _quantize(str(gpt2), "--out", str(tmp_path / "q"), "--data", data)
+    assert code == 2 and "architecture GPT2LMHeadModel is not supported" in text
+    llama = write_hf_dir(tmp_path / "llama")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("keep me")
+    code, text = _quantize(str(llama), "--out", str(tmp_path / "taken"), "--data", data)
+    assert code == 2 and "already exists" in text
+    assert (tmp_path / "taken" / "x").read_text() == "keep me"
+
+
+def test_awq_needs_cuda(hf_dir: Path, data: str, tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: AWQ is allowed")
+    code, text = _quantize(
+        str(hf_dir), "--out", str(tmp_path / "q"), "--data", data, "--algorithm", "awq"
+    )
+    assert code == 2 and "needs a CUDA device" in text
+
+
+def test_run_dir_without_checkpoint(tmp_path: Path) -> None:
+    from llmctl.config import compose
+    from llmctl.train.rundir import create_run_dir
+
+    run = create_run_dir(compose("tiny_cpu", [f"train.run_dir={tmp_path / 'run'}"]), None)
+    res = runner.invoke(app, ["export", "hf", str(run), "--out", str(tmp_path / "hf")])
+    assert res.exit_code == 2 and "no committed checkpoint" in res.output
+    from llmctl.errors import UserError
+    from llmctl.quant.export import export_run
+
+    with pytest.raises(UserError, match="not a llmctl run directory"):
+        export_run(tmp_path, tmp_path / "hf")
+
+
+def test_gpt_style_models_are_refused_with_the_mapping() -> None:
+    from llmctl.config import compose
+    from llmctl.errors import UserError
+    from llmctl.quant.export import check_exportable
+
+    cfg = compose(
+        "tiny_cpu",
+        ["model.normalization=layernorm", "model.activation=gelu",
+         "model.position_embedding=learned_absolute"],
+    )  # fmt: skip
+    with pytest.raises(UserError, match=r"GPT-style.*GPT2LMHeadModel"):
+        check_exportable(cfg.model)
+    cfg.model.activation = "swiglu"  # type: ignore[assignment]
+    with pytest.raises(UserError, match="no Hugging Face architecture matches"):
+        check_exportable(cfg.model)
