@@ -161,7 +161,10 @@ def main() -> None:
         store.validate(newest, full=False)
         out["validate_quick_ms"] = 1e3 * (time.perf_counter() - t0)
     out["async_blocked_fraction_of_sync"] = out["async_blocked_ms"] / out["sync_blocked_ms"]
-    text = json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in out.items()}, indent=1)
+    rounded = {
+        k: (round(v, 1 if v >= 10 else 4) if isinstance(v, float) else v) for k, v in out.items()
+    }
+    text = json.dumps(rounded, indent=1)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

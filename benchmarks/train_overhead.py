@@ -52,12 +52,21 @@ def _cfg(steps: int, cache: str, run_dir: str):
     )
 
 
-def _tokens_per_s(stamps: list[float], tokens_per_step: int) -> float:
+def _rates(stamps: list[float], tokens_per_step: int) -> dict[str, float]:
+    """Throughput over the timed steps: wall-clock mean, and from the median step duration.
+
+    The median is robust to steps disturbed by other jobs on a shared machine; the wall-clock
+    figure counts every step. Both include all per-step work of the side measured.
+    """
     timed = stamps[WARMUP - 1 :]
-    return (len(timed) - 1) * tokens_per_step / (timed[-1] - timed[0])
+    steps = [b - a for a, b in zip(timed, timed[1:], strict=False)]
+    return {
+        "wall": len(steps) * tokens_per_step / (timed[-1] - timed[0]),
+        "median_step": tokens_per_step / statistics.median(steps),
+    }
 
 
-def worker_llmctl(steps: int, cache: str) -> float:
+def worker_llmctl(steps: int, cache: str) -> dict[str, float]:
     """Train through llmctl's runner; throughput from metrics.jsonl stamps."""
     from llmctl.train import run_in_process
 
@@ -66,10 +75,10 @@ def worker_llmctl(steps: int, cache: str) -> float:
         run_in_process(cfg, tmp)
         records = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     tokens = cfg.train.global_batch_size * cfg.model.seq_length
-    return _tokens_per_s([r["time"] for r in records], tokens)
+    return _rates([r["time"] for r in records], tokens)
 
 
-def worker_bare(steps: int, cache: str) -> float:
+def worker_bare(steps: int, cache: str) -> dict[str, float]:
     """A minimal megatron-core loop written by hand (what a user would write without llmctl)."""
     from functools import partial
 
@@ -201,7 +210,7 @@ def worker_bare(steps: int, cache: str) -> float:
         float(losses[-1]["loss"])
         stamps.append(time.time())
     dist.destroy_process_group()
-    return _tokens_per_s(stamps, 8 * 128)
+    return _rates(stamps, 8 * 128)
 
 
 def main() -> None:
@@ -209,14 +218,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cache", default=str(Path.home() / ".cache/llmctl/demo"))
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both workers")
     ap.add_argument("--worker", choices=["bare", "llmctl"])
     args = ap.parse_args()
     if args.worker:
         fn = worker_bare if args.worker == "bare" else worker_llmctl
-        print(json.dumps({"tokens_per_s": fn(args.steps, args.cache)}))
+        print(json.dumps(fn(args.steps, args.cache)))
         return
-    results: dict[str, list[float]] = {"bare": [], "llmctl": []}
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # One intra-op thread per worker: on the shared 2-core machine two OpenMP threads spin
+    # against other jobs and step times swing 30x (measured); both sides get the same setting.
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": str(args.threads)}
+    runs: dict[str, list[dict[str, float]]] = {"bare": [], "llmctl": []}
     for rep in range(args.reps):
         for side in ("bare", "llmctl"):
             out = subprocess.run(
@@ -235,22 +247,29 @@ def main() -> None:
                 env=env,
                 check=True,
             ).stdout
-            results[side].append(json.loads(out.strip().splitlines()[-1])["tokens_per_s"])
-            print(f"rep {rep} {side:7s} {results[side][-1]:9.1f} tokens/s", flush=True)
-    bare, ours = statistics.median(results["bare"]), statistics.median(results["llmctl"])
-    print(
-        json.dumps(
-            {
-                "bare_tokens_per_s": bare,
-                "llmctl_tokens_per_s": ours,
-                "ratio": ours / bare,
-                "runs": results,
-                "steps": args.steps,
-                "load_average": os.getloadavg(),
-            },
-            indent=2,
-        )
-    )
+            runs[side].append(json.loads(out.strip().splitlines()[-1]))
+            r = runs[side][-1]
+            print(
+                f"rep {rep} {side:7s} wall {r['wall']:8.1f}  median-step "
+                f"{r['median_step']:8.1f} tokens/s",
+                flush=True,
+            )
+    summary: dict[str, object] = {
+        "steps": args.steps,
+        "reps": args.reps,
+        "threads": args.threads,
+        "load_average": os.getloadavg(),
+    }
+    for metric in ("median_step", "wall"):
+        bare = statistics.median(r[metric] for r in runs["bare"])
+        ours = statistics.median(r[metric] for r in runs["llmctl"])
+        summary[metric] = {
+            "bare_tokens_per_s": bare,
+            "llmctl_tokens_per_s": ours,
+            "ratio": ours / bare,
+        }
+    summary["runs"] = runs
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

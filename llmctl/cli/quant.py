@@ -104,7 +104,9 @@ def quantize(
     ] = None,
     ignore: Annotated[
         list[str] | None,
-        typer.Option("--ignore", help="Module left unquantized (repeat; 're:' for regex)."),
+        typer.Option(
+            "--ignore", help="Also leave this module unquantized (repeat; 're:' for regex)."
+        ),
     ] = None,
     data: Annotated[
         str | None, typer.Option("--data", help="Indexed dataset prefix (default: the run's).")

@@ -527,7 +527,8 @@ def quantize_source(
         source: A llmctl run directory or a Hugging Face model directory.
         out: Output directory (created complete, or not at all).
         preset: Name in configs/quant/ (or a YAML path).
-        overrides: QuantConfig fields set on the command line (None values are dropped).
+        overrides: QuantConfig fields set on the command line (None values are dropped;
+            `ignore` entries are added to the preset's list).
         data_prefix: Indexed dataset for calibration and evaluation (default: the run's).
         step: Checkpoint step for run directories (default: latest).
         num_eval_tokens: Held-out tokens scored before and after.
@@ -538,7 +539,10 @@ def quantize_source(
 
     _quiet_progress()
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    spec = spec_from_config(load_preset(preset, given))
+    extra_ignore = given.pop("ignore", None) or []
+    config = load_preset(preset, given)
+    config.ignore = list(dict.fromkeys([*config.ignore, *extra_ignore]))  # added, not replaced
+    spec = spec_from_config(config)
     if num_eval_tokens < 1:
         raise UserError(f"--eval-tokens must be >= 1, got {num_eval_tokens}")
     check_hardware(spec)

@@ -141,11 +141,6 @@ def resolve_data(cfg: Any) -> DataSpec:
     )
 
 
-def spec_to_json(spec: DataSpec) -> str:
-    """JSON of a DataSpec (passed to ranks through the run directory)."""
-    return json.dumps({k: getattr(spec, k) for k in DataSpec.__slots__}, indent=2)
-
-
 class _TokenizerInfo:
     """The two tokenizer facts GPTDataset uses: vocab size and the end-of-document id."""
 

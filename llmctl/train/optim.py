@@ -52,10 +52,13 @@ def wrap_ddp(chunks: list[Any], config: Any, layout: TrainLayout, *, on_gpu: boo
 
 def build_optimizer(cfg: Any, model: list[Any], config: Any, layout: TrainLayout) -> Any:
     """megatron's optimizer (Adam with decoupled weight decay) over all chunks."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.optimizer import optimizer_config as oc
 
+    # AdamOptimizerConfig where it exists (the generic class's Adam fields are deprecated).
+    config_cls = getattr(oc, "AdamOptimizerConfig", oc.OptimizerConfig)
     t = cfg.train
-    opt_config = OptimizerConfig(
+    opt_config = config_cls(
         optimizer="adam",
         lr=t.lr,
         min_lr=t.min_lr,

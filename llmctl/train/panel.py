@@ -46,9 +46,17 @@ def _row(m: StepMetrics, total: int, eta_s: float, mem_label: str) -> list[tuple
 class Panel:
     """Live panel (terminal) or log lines (otherwise)."""
 
-    def __init__(self, title: str, total_steps: int, mem_label: str, live: bool | None = None):
+    def __init__(
+        self,
+        title: str,
+        total_steps: int,
+        mem_label: str,
+        live: bool | None = None,
+        console: Any = None,
+    ):
         self.total, self.mem_label, self.title = total_steps, mem_label, title
         self.live_mode = sys.stdout.isatty() if live is None else live
+        self.console = console
         self._live: Any = None
         self._progress: Any = None
         self._task: Any = None
@@ -64,9 +72,10 @@ class Panel:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeRemainingColumn(),
+                console=self.console,
             )
             self._task = self._progress.add_task("training", total=self.total)
-            self._live = Live(auto_refresh=False, transient=False)
+            self._live = Live(auto_refresh=False, transient=False, console=self.console)
             self._live.__enter__()
         return self
 

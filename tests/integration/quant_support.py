@@ -106,3 +106,41 @@ def reference_perplexity(model_dir: Path, tokens: np.ndarray, seq_len: int) -> f
             loss = model(input_ids=w[None], labels=w[None]).loss  # mean over seq_len - 1
             total += float(loss) * (seq_len - 1)
     return math.exp(total / (n * (seq_len - 1)))
+
+
+def megatron_logits(cfg: object, ckpt_dir: Path, tokens: np.ndarray) -> np.ndarray:
+    """Logits of megatron's GPTModel (TP=1) loaded from the checkpoint."""
+    import torch
+    from megatron.core import dist_checkpointing
+
+    from llmctl.train import cpu_compat, parallel
+    from llmctl.train import model as M
+    from llmctl.train.layout import TrainLayout
+    from llmctl.train.precision import recipe_for
+
+    parallel.init_distributed()
+    layout = TrainLayout(
+        tp=1, pp=1, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
+        sequence_parallel=False, recompute="none", optimizer_sharding="none",
+    )  # fmt: skip
+    try:
+        parallel.init_model_parallel(layout, 1, False)
+        mc = cfg.model  # type: ignore[attr-defined]
+        tc = M.transformer_config(
+            mc,
+            layout,
+            cfg.precision,
+            recipe_for(cfg.precision),
+            on_gpu=False,  # type: ignore[attr-defined]
+        )
+        [model] = M.build_model_chunks(mc, tc, layout, use_te=False, seed=1)
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
+        model.load_state_dict(state["model"])
+        model.eval()
+        ids = torch.from_numpy(tokens)
+        pos = torch.arange(ids.shape[1]).expand_as(ids)
+        with torch.no_grad():
+            return model(ids, pos, None).float().numpy()
+    finally:
+        parallel.teardown(destroy_process_group=True)
+        cpu_compat.uninstall()

@@ -17,9 +17,11 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from ckpt_support import base_overrides, make_corpus, start_entry, write_run  # noqa: E402
+from ckpt_support import base_overrides, make_corpus, start_entry, write_run
+from typer.testing import CliRunner
 
-from llmctl.train import ckpt_store as store  # noqa: E402
+from llmctl.cli.main import app
+from llmctl.train import ckpt_store as store
 
 NUM_KILLS = int(os.environ.get("LLMCTL_TEST_KILLS", "4"))
 ITERS = 400
@@ -68,10 +70,14 @@ def test_kill9_during_async_saves(tmp_path: Path) -> None:
         if attempt > 0:  # the restart resumed from the newest checkpoint of the previous kill
             assert resumed[-1] == newest_before_kill[-2], f"seed {seed}: {resumed}"
     assert len(_resumed_steps(run_dir)) == NUM_KILLS - 1
-    proc = start_entry(run_dir)  # one more start cleans the last kill's leftovers, then stop it
-    _wait_for_new_commit(root, newest_before_kill[-1], proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    assert all(v.ok for v in store.list_checkpoints(root, full=True))
+    # Finish through the CLI (`llmctl resume` -> the local launcher -> torchrun): it cleans the
+    # last kill's leftovers, resumes from the newest checkpoint and trains two more steps.
+    target = newest_before_kill[-1] + 2
+    res = CliRunner().invoke(app, ["resume", str(run_dir), f"train.train_iters={target}", "--json"])
+    assert res.exit_code == 0, res.output
+    assert _resumed_steps(run_dir)[-1] == newest_before_kill[-1]
+    assert store.read_latest(root) == target
     log = (run_dir / "logs" / "rank0.log").read_text()
     interrupted = log.count("removed leftovers of interrupted saves")
     assert interrupted >= 1, f"seed {seed}: no kill hit a save in flight"

@@ -1,11 +1,12 @@
-"""Multi-process checkpoints: TP1 -> TP2 resharding on resume, and torchrun restarts after kill -9.
+"""Multi-process checkpoints: TP1 -> TP2 resharding on resume; torchrun restarts after kill -9.
 
-One TP=1 run (one process) trains 8 steps with checkpoints every 2. A second run directory gets
-its step-4 checkpoint and is trained to step 8 with TP=2 under torchrun with `--max-restarts=1`;
-after it has committed a TP=2 checkpoint, one rank is killed with SIGKILL. torchrun brings the
-group back, the ranks resume from the newest complete checkpoint by themselves, and the run
-finishes. Losses after resharding match the TP=1 run to 1e-5 (TP=2 splits the GEMMs and the
-reductions, so bits differ in the last places; measured agreement is ~1e-7).
+Resharding: a TP=1 run (one process) trains 8 steps with checkpoints every 2; a second run
+directory gets its step-4 checkpoint and trains to step 8 with TP=2 under torchrun. Its losses
+match the TP=1 run to 1e-5 (TP=2 splits the GEMMs and reductions, so the last bits differ).
+
+Restarts: a DP=2 run under `torchrun --max-restarts=1`; once it has committed a checkpoint, one
+rank is killed with SIGKILL; torchrun brings the group back and the ranks resume from the
+newest complete checkpoint by themselves and finish.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ from ckpt_support import (  # noqa: E402
 from llmctl.train import ckpt_store as store  # noqa: E402
 
 ITERS = 8
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared indexed dataset of this module."""
+    return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
 def _wait(proc, timeout_s: float = 120) -> int:
@@ -62,31 +69,44 @@ def _kill_one_rank_after(run_dir: Path, proc, step: int, timeout_s: float = 120)
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_tp1_checkpoint_resumes_as_tp2_and_survives_rank_kill(tmp_path: Path) -> None:
-    corpus = make_corpus(tmp_path / "data" / "corpus")
+def test_tp1_checkpoint_resumes_as_tp2(corpus: Path, tmp_path: Path) -> None:
     common = [*base_overrides(corpus, ITERS), "checkpoint.interval=2", "checkpoint.keep_last=10"]
     tp1 = write_run(tmp_path / "tp1", [*common, "parallel.tp=1"])
     assert _wait(start_entry(tp1)) == 0
     reference = losses(tp1)
     assert sorted(reference) == list(range(1, ITERS + 1))
 
-    tp2 = write_run(tmp_path / "tp2", [*common, "parallel.tp=2", "checkpoint.interval=1"])
+    tp2 = write_run(tmp_path / "tp2", [*common, "parallel.tp=2"])
     name = store.iter_name(4)
     shutil.copytree(tp1 / "checkpoints" / name, tp2 / "checkpoints" / name)
-    proc = start_entry(tp2, nproc=2, extra=["--max-restarts=1"])
-    try:
-        _kill_one_rank_after(tp2, proc, 6)
-    except BaseException:
-        kill_tree(proc)
-        raise
+    proc = start_entry(tp2, nproc=2)
     assert _wait(proc) == 0, (tp2 / "process.log").read_text()[-3000:]
-
     log = (tp2 / "logs" / "rank0.log").read_text()
-    resumed = [int(s) for s in re.findall(r"resumed from iter_(\d+)", log)]
-    assert resumed[0] == 4 and "resharded tp" in log
-    assert len(resumed) == 2 and resumed[1] >= 6  # the restart found the TP=2 checkpoint
+    assert "resumed from iter_0000004" in log and "resharded tp" in log
     got = losses(tp2)
     assert sorted(got) == list(range(5, ITERS + 1))
     for step in got:
         assert got[step] == pytest.approx(reference[step], abs=1e-5), step
     assert store.read_latest(tp2 / "checkpoints") == ITERS
+    assert all(v.ok for v in store.list_checkpoints(tp2 / "checkpoints", full=True))
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_torchrun_restarts_group_after_rank_kill_and_resumes(corpus: Path, tmp_path: Path) -> None:
+    run = write_run(
+        tmp_path / "dp2",
+        [*base_overrides(corpus, ITERS), "parallel.dp=2", "checkpoint.interval=1"],
+    )
+    proc = start_entry(run, nproc=2, extra=["--max-restarts=1"])
+    try:
+        _kill_one_rank_after(run, proc, 3)
+    except BaseException:
+        kill_tree(proc)
+        raise
+    assert _wait(proc) == 0, (run / "process.log").read_text()[-3000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    resumed = [int(s) for s in re.findall(r"resumed from iter_(\d+)", log)]
+    assert len(resumed) == 1 and resumed[0] >= 3  # restarted by torchrun, resumed by itself
+    assert max(losses(run)) == ITERS
+    assert all(v.ok for v in store.list_checkpoints(run / "checkpoints", full=True))

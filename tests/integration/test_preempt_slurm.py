@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from ckpt_support import base_overrides, losses, make_corpus  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+from ckpt_support import base_overrides, losses, make_corpus
+from typer.testing import CliRunner
 
-from llmctl.cli.main import app  # noqa: E402
+from llmctl.cli.main import app
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm_local.sh"

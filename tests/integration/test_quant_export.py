@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-from quant_support import FFN, HIDDEN, SEQ, VOCAB, build_data
+from quant_support import FFN, HIDDEN, SEQ, VOCAB, build_data, megatron_logits
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -66,44 +66,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"root": root, "run": run_dir, "prefix": prefix, "cfg": cfg}
 
 
-def _megatron_logits(cfg: object, ckpt_dir: Path, tokens: np.ndarray) -> np.ndarray:
-    """Logits of megatron's GPTModel (TP=1) loaded from the checkpoint."""
-    import torch
-    from megatron.core import dist_checkpointing
-
-    from llmctl.train import cpu_compat, parallel
-    from llmctl.train import model as M
-    from llmctl.train.layout import TrainLayout
-    from llmctl.train.precision import recipe_for
-
-    parallel.init_distributed()
-    layout = TrainLayout(
-        tp=1, pp=1, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
-        sequence_parallel=False, recompute="none", optimizer_sharding="none",
-    )  # fmt: skip
-    try:
-        parallel.init_model_parallel(layout, 1, False)
-        mc = cfg.model  # type: ignore[attr-defined]
-        tc = M.transformer_config(
-            mc,
-            layout,
-            cfg.precision,
-            recipe_for(cfg.precision),
-            on_gpu=False,  # type: ignore[attr-defined]
-        )
-        [model] = M.build_model_chunks(mc, tc, layout, use_te=False, seed=1)
-        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt_dir))
-        model.load_state_dict(state["model"])
-        model.eval()
-        ids = torch.from_numpy(tokens)
-        pos = torch.arange(ids.shape[1]).expand_as(ids)
-        with torch.no_grad():
-            return model(ids, pos, None).float().numpy()
-    finally:
-        parallel.teardown(destroy_process_group=True)
-        cpu_compat.uninstall()
-
-
 def test_export_logits_match_megatron(run: dict) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -125,7 +87,7 @@ def test_export_logits_match_megatron(run: dict) -> None:
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     with torch.no_grad():
         hf_logits = hf(input_ids=torch.from_numpy(tokens)).logits.numpy()
-    ref = _megatron_logits(run["cfg"], Path(run["run"]) / "checkpoints" / "iter_0000020", tokens)
+    ref = megatron_logits(run["cfg"], Path(run["run"]) / "checkpoints" / "iter_0000020", tokens)
     assert np.abs(ref).max() > 1.0  # trained logits, not a near-uniform init
     assert np.abs(hf_logits - ref).max() < 1e-4
 

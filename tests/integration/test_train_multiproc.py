@@ -87,11 +87,18 @@ def _torchrun(run_dir: Path, nproc: int) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def baseline(demo_cache, tmp_path_factory):
+    import torch
+
     from llmctl.train import run_in_process
 
     run_dir = tmp_path_factory.mktemp("tp1")
     cfg = compose("tiny_cpu", [*BASE, f"data.cache_dir={demo_cache}", f"train.run_dir={run_dir}"])
-    run_in_process(cfg, run_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like the torchrun workers (OMP_NUM_THREADS=1)
+    try:
+        run_in_process(cfg, run_dir)
+    finally:
+        torch.set_num_threads(threads)
     return _losses(run_dir)
 
 

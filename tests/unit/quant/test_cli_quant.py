@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import write_data, write_hf_dir
+from quant_fakes import write_data, write_hf_dir
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -15,7 +15,7 @@ runner = CliRunner()
 
 
 def _quantize(*args: str) -> tuple[int, str]:
-    res = runner.invoke(app, ["quantize", *args])
+    res = runner.invoke(app, ["quantize", *args], env={"COLUMNS": "400"})
     return res.exit_code, res.output
 
 
@@ -108,3 +108,15 @@ def test_gpt_style_models_are_refused_with_the_mapping() -> None:
     cfg.model.activation = "swiglu"  # type: ignore[assignment]
     with pytest.raises(UserError, match="no Hugging Face architecture matches"):
         check_exportable(cfg.model)
+
+
+def test_ignore_adds_to_the_preset_and_unblocks_a_module(tmp_path: Path, data: str) -> None:
+    odd = write_hf_dir(tmp_path / "odd", ffn=192)  # down_proj input 192: not a multiple of 128
+    args = [str(odd), "--out", str(tmp_path / "q"), "--data", data, "--dry-run", "--json"]
+    code, text = _quantize(*args)
+    assert code == 2 and "model.layers.0.mlp.down_proj input dimension 192" in text
+    code, text = _quantize(*args, "--ignore", "re:.*down_proj$")
+    assert code == 0, text
+    plan = json.loads(text)
+    assert plan["ignore"] == ["lm_head", "re:.*down_proj$"]
+    assert plan["num_quantized_linears"] == 6

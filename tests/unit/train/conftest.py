@@ -15,3 +15,19 @@ def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("demo-cache")
     prepare_demo_data(cache)
     return cache
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread while training in-process.
+
+    Measured on the shared 2-core CI machine with other jobs running (load 12-17): torch's
+    default two OpenMP threads spin against each other and made a 50-step run take 93 s instead
+    of 12 s. One thread per process is also what torchrun sets for multi-rank runs.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -14,6 +14,8 @@ pytest.importorskip("megatron.core")
 
 @pytest.fixture(scope="module")
 def tiny_run(demo_cache, tmp_path_factory):
+    import torch
+
     from llmctl.train import run_in_process
     from llmctl.train.rundir import create_run_dir
 
@@ -30,7 +32,12 @@ def tiny_run(demo_cache, tmp_path_factory):
         ],
     )
     create_run_dir(cfg, None)
-    return run_in_process(cfg, run_dir), run_dir
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see the one_thread fixture in conftest.py
+    try:
+        return run_in_process(cfg, run_dir), run_dir
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_loss_falls_over_50_steps(tiny_run):
@@ -67,7 +74,7 @@ def test_lr_warms_up_then_decays(tiny_run):
     assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :], strict=False))
 
 
-def test_parameter_count_matches_megatron_model():
+def test_parameter_count_matches_megatron_model(one_thread):
     """The config-side count (used for FLOPs) equals what megatron actually builds."""
     import torch.distributed as dist
 

@@ -1,0 +1,62 @@
+"""What may change between a checkpoint and the run that loads it (no training here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmctl.config import compose
+from llmctl.errors import UserError
+from llmctl.train.checkpoint import (
+    check_compatible,
+    check_optimizer_checkpointable,
+    preempt_exit_code,
+    uses_torch_adam,
+)
+from llmctl.train.layout import resolve_layout
+
+
+def _saved(cfg, layout) -> dict:
+    """The parts of train_state.json that `check_compatible` reads, as a save writes them."""
+    from llmctl.train.checkpoint import _ARCH_FIELDS, _v
+
+    return {
+        "model": {k: _v(getattr(cfg.model, k)) for k in _ARCH_FIELDS},
+        "layout": layout.as_dict(),
+    }
+
+
+def test_layout_changes_are_reported_not_refused() -> None:
+    cfg = compose("tiny_cpu", [])
+    saved = _saved(cfg, resolve_layout(cfg, 1))
+    new = compose("tiny_cpu", ["parallel.tp=2"])
+    assert check_compatible(saved, new, resolve_layout(new, 2)) == ["tp"]
+    assert check_compatible(saved, cfg, resolve_layout(cfg, 1)) == []
+
+
+def test_model_change_names_the_field() -> None:
+    cfg = compose("tiny_cpu", [])
+    saved = _saved(cfg, resolve_layout(cfg, 1))
+    other = compose("tiny_cpu", ["model.hidden_size=128"])
+    with pytest.raises(UserError, match=r"model\.hidden_size=64, this run has 128"):
+        check_compatible(saved, other, resolve_layout(other, 1))
+
+
+def test_optimizer_sharding_change_is_refused() -> None:
+    cfg = compose("tiny_cpu", [])
+    saved = _saved(cfg, resolve_layout(cfg, 1))
+    saved["layout"]["optimizer_sharding"] = "distributed"
+    with pytest.raises(UserError, match="optimizer_sharding changed"):
+        check_compatible(saved, cfg, resolve_layout(cfg, 1))
+
+
+@pytest.mark.skipif(not uses_torch_adam(), reason="TE or Apex present: megatron's fused Adam")
+def test_distributed_optimizer_refused_on_torch_adam_path() -> None:
+    cfg = compose("tiny_cpu", ["parallel.optimizer_sharding=distributed"])
+    layout = resolve_layout(cfg, 2)
+    with pytest.raises(UserError, match=r"optimizer_sharding=none or checkpoint\.interval=0"):
+        check_optimizer_checkpointable(layout)
+
+
+def test_preempt_exit_codes() -> None:
+    assert preempt_exit_code(15) == 143
+    assert preempt_exit_code(10) == 138
