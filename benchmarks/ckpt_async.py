@@ -51,6 +51,7 @@ def _cfg(args: argparse.Namespace, prefix: Path, iters: int) -> Any:
             f"model.num_layers={args.layers}", f"model.hidden_size={h}",
             f"model.ffn_hidden_size={4 * h}", "model.num_attention_heads=8",
             "model.num_query_groups=8", f"model.vocab_size={args.vocab}", "model.seq_length=64",
+            f"model.activation={args.activation}",
             "parallel.micro_batch_size=1", "train.global_batch_size=1",
             f"train.train_iters={iters}", "train.log_interval=1", "train.eval_interval=0",
             f"data.prefixes=[{prefix}]", f"data.cache_dir={prefix.parent / 'cache'}",
@@ -111,6 +112,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=16384)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--activation", default="swiglu", choices=["swiglu", "gelu"])
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
 
@@ -118,7 +120,10 @@ def main() -> None:
     from llmctl.train.checkpoint import DistCheckpointer
     from llmctl.train.model import count_parameters
 
-    out: dict[str, Any] = {"date": "2026-11-30", "layers": args.layers, "hidden": args.hidden}
+    out: dict[str, Any] = {
+        "date": "2026-11-30", "layers": args.layers, "hidden": args.hidden,
+        "activation": args.activation,
+    }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="llmctl-ckpt-bench-") as tmp:
         root = Path(tmp)
         (root / "data").mkdir()

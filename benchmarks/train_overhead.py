@@ -16,7 +16,9 @@ compatibility layer (megatron-core does not run on CPU without it), so it import
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -59,7 +61,7 @@ def _rates(stamps: list[float], tokens_per_step: int) -> dict[str, float]:
     figure counts every step. Both include all per-step work of the side measured.
     """
     timed = stamps[WARMUP - 1 :]
-    steps = [b - a for a, b in zip(timed, timed[1:], strict=False)]
+    steps = [b - a for a, b in itertools.pairwise(timed)]
     return {
         "wall": len(steps) * tokens_per_step / (timed[-1] - timed[0]),
         "median_step": tokens_per_step / statistics.median(steps),
@@ -213,17 +215,56 @@ def worker_bare(steps: int, cache: str) -> dict[str, float]:
     return _rates(stamps, 8 * 128)
 
 
+def worker_runner_cost(steps: int, cache: str) -> dict[str, float]:
+    """Seconds per step of llmctl's own per-step work, timed alone (robust to machine load).
+
+    That is everything the runner adds around megatron's forward/backward/optimizer step: the
+    loss reduction (DP and PP all-reduces, `.item()`), the LR lookup, and rank 0's observer
+    (metrics record, JSONL write + flush, memory probe, panel/log line, ETA).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from llmctl.train import cpu_compat, parallel
+    from llmctl.train.layout import resolve_layout
+    from llmctl.train.loop import _reduce_loss
+    from llmctl.train.run import _Observer
+
+    del steps
+    logger = logging.getLogger("llmctl")  # the entry's console handler, writing to /dev/null
+    logger.setLevel(logging.INFO)
+    logger.addHandler(logging.StreamHandler(open(os.devnull, "w")))  # noqa: SIM115
+    parallel.init_distributed()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _cfg(1000, cache, tmp)
+        layout = resolve_layout(cfg, 1)
+        parallel.init_model_parallel(layout, 1, on_gpu=False)
+        obs = _Observer(cfg, Path(tmp), layout, on_gpu=False, rank=0)
+        losses = [{"lm loss": torch.tensor(7.0)} for _ in range(layout.num_microbatches)]
+        n = 500
+        t0 = time.perf_counter()
+        for i in range(1, n + 1):
+            loss = _reduce_loss(losses, "cpu")
+            obs.step(i, loss, 1.0, 3e-4, 0.4, 8 * i, None, log_now=True)
+        per_step = (time.perf_counter() - t0) / n
+        obs.close()
+    parallel.teardown(destroy_process_group=True)
+    cpu_compat.uninstall()
+    assert not dist.is_initialized()
+    return {"runner_s_per_step": per_step}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cache", default=str(Path.home() / ".cache/llmctl/demo"))
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both workers")
-    ap.add_argument("--worker", choices=["bare", "llmctl"])
+    ap.add_argument("--worker", choices=["bare", "llmctl", "runner_cost"])
     args = ap.parse_args()
     if args.worker:
-        fn = worker_bare if args.worker == "bare" else worker_llmctl
-        print(json.dumps(fn(args.steps, args.cache)))
+        fns = {"bare": worker_bare, "llmctl": worker_llmctl, "runner_cost": worker_runner_cost}
+        print(json.dumps(fns[args.worker](args.steps, args.cache)))
         return
     # One intra-op thread per worker: on the shared 2-core machine two OpenMP threads spin
     # against other jobs and step times swing 30x (measured); both sides get the same setting.
@@ -268,6 +309,24 @@ def main() -> None:
             "llmctl_tokens_per_s": ours,
             "ratio": ours / bare,
         }
+    cost = json.loads(
+        subprocess.run(
+            [sys.executable, __file__, "--worker", "runner_cost", "--cache", args.cache],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )["runner_s_per_step"]
+    bare_step_s = 8 * 128 / statistics.median(r["median_step"] for r in runs["bare"])
+    summary["runner_cost"] = {
+        "s_per_step": cost,
+        "bare_step_s": bare_step_s,
+        "fraction_of_step": cost / bare_step_s,
+        "implied_ratio": bare_step_s / (bare_step_s + cost),
+    }
     summary["runs"] = runs
     print(json.dumps(summary, indent=2))
 

@@ -325,17 +325,19 @@ def collect_documents(
     norm = cfg.normalization()
     for ci, chunk in enumerate(shards.chunks):
         lo, hi = int(shards.doc_offsets[ci]), int(shards.doc_offsets[ci + 1])
-        local = sorted(w - lo for w in wanted_set if lo <= w < hi)
+        local = {w - lo for w in wanted_set if lo <= w < hi}
         if not local:
             continue
         docs = iter_documents(
             chunk, text_field=cfg.text_field, on_error=OnError.SKIP, log=ProblemLog()
         )
-        texts = {i: d.text for i, d in enumerate(docs) if i in set(local)}
+        texts = {i: d.text for i, d in enumerate(docs) if i in local}
         ids = sorted(texts)
-        h, off = shingle_hashes([texts[i] for i in ids], cfg.ngram, cfg.unit, norm)
-        for j, i in enumerate(ids):
-            out[lo + i] = (np.unique(h[off[j] : off[j + 1]]), texts[i][:160])
+        for start in range(0, len(ids), 128):
+            batch = ids[start : start + 128]
+            h, off = shingle_hashes([texts[i] for i in batch], cfg.ngram, cfg.unit, norm)
+            for j, i in enumerate(batch):
+                out[lo + i] = (np.unique(h[off[j] : off[j + 1]]), texts[i][:160])
     return out
 
 

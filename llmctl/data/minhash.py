@@ -16,11 +16,11 @@ Here a whole batch of documents is handled with array operations only:
    h_k(x) = (a_k * x + b_k) mod 2**32 with odd a_k, a bijection of 32-bit values, computed in
    uint32 so that numpy's SIMD multiply runs 8 lanes wide. The 64-bit multiply-add-shift
    family ((a*x + b) mod 2**64) >> 32 (2-independent, Dietzfelbinger 1996) was measured against
-   it on 2,000 planted pairs with 120 permutations: both estimate Jaccard without visible bias
-   (mean error -0.001 vs +0.001, spread 0.040 in both, the binomial sqrt(J(1-J)/120)), and the
-   32-bit form is 5x faster. The (num_perm, shingles) product is formed a few thousand shingles
-   at a time so it stays in cache, and `np.minimum.reduceat` takes the per-document minima
-   along the contiguous axis.
+   it on 1,937 planted pairs with 120 permutations: the standardised error of the Jaccard
+   estimate, (estimate - J) / sqrt(J(1-J)/120), has mean -0.04 vs 0.00 and spread 1.016 vs
+   1.007 (ideal 0 and 1), so nothing measurable is lost, and the 32-bit form is 5x faster.
+   The (num_perm, shingles) product is formed a few thousand shingles at a time so it stays
+   in cache, and `np.minimum.reduceat` takes the per-document minima along the contiguous axis.
 3. LSH: a signature of `bands * rows` values is cut into bands; each band's rows are hashed to
    one 64-bit key; documents sharing a key in any band are candidates. The probability that a
    pair with Jaccard similarity s becomes a candidate is 1 - (1 - s**rows)**bands.

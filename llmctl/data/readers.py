@@ -212,14 +212,31 @@ def _parquet_groups(path: Path) -> int:
         raise UserError(f"{path}: not a readable Parquet file ({e})") from e
 
 
+MIN_CHUNK_BYTES = 1 << 20
+CHUNKS_PER_SMALL_INPUT = 64
+
+
+def chunk_size(files: list[Path], max_chunk_bytes: int) -> int:
+    """Chunk size for these inputs: `max_chunk_bytes`, or less for a small input so that it
+    still splits into up to 64 chunks (at least 1 MiB each) and every worker gets work.
+
+    It depends on the input only, never on the worker count, so a run resumed with another
+    worker count keeps its finished chunks.
+    """
+    total = sum(f.stat().st_size for f in files)
+    return max(min(max_chunk_bytes, total // CHUNKS_PER_SMALL_INPUT), MIN_CHUNK_BYTES)
+
+
 def plan_chunks(
     files: list[Path], chunk_bytes: int = 32 << 20
 ) -> tuple[list[Chunk], list[FileScan]]:
-    """Cut input files into chunks of about `chunk_bytes`, in input order; hash every file.
+    """Cut input files into chunks of about `chunk_size(files, chunk_bytes)`, in input order;
+    hash every file.
 
-    Text files are grouped until a group reaches `chunk_bytes`; a Parquet file gives one chunk
-    per row group; a compressed JSONL file is one chunk.
+    Text files are grouped until a group reaches the chunk size; a Parquet file gives one
+    chunk per row group; a compressed JSONL file is one chunk.
     """
+    chunk_bytes = chunk_size(files, chunk_bytes) if chunk_bytes >= MIN_CHUNK_BYTES else chunk_bytes
     chunks: list[Chunk] = []
     scans = [scan_file(f, chunk_bytes) for f in files]
     group: list[FileScan] = []

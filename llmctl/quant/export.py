@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -226,14 +227,18 @@ def _weights_only() -> Iterator[None]:
 
 def load_model_tensors(ckpt_dir: Path) -> dict[str, Any]:
     """Whole model tensors of a torch_dist checkpoint, by megatron key (optimizer state skipped)."""
-    from megatron.core import dist_checkpointing
+    with warnings.catch_warnings():  # "TE/Apex not installed": irrelevant to reading tensors
+        warnings.simplefilter("ignore")
+        from megatron.core import dist_checkpointing
 
     with _one_rank_group(), _weights_only():
         metadata = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
         wanted = {k: v for k, v in metadata.items() if _MODEL_KEY.match(k)}
         if not wanted:
             raise UserError(f"checkpoint {ckpt_dir} holds no model tensors")
-        loaded = dist_checkpointing.load(wanted, str(ckpt_dir), validate_access_integrity=False)
+        with warnings.catch_warnings():  # torch's DCP deprecation notice inside megatron
+            warnings.simplefilter("ignore", FutureWarning)
+            loaded = dist_checkpointing.load(wanted, str(ckpt_dir), validate_access_integrity=False)
     return {m.group(1): t for k, t in loaded.items() if k in wanted and (m := _MODEL_KEY.match(k))}
 
 

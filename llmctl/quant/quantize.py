@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -204,9 +204,12 @@ def plan_quantization(request: QuantRequest) -> QuantPlan:
         raise UserError(f"source {request.source} is not a directory")
     _check_out(request)
     found = _plan_run(request) if is_run_dir(request.source) else _plan_hf(request)
-    spec = request.spec
+    # sequences longer than the model's positions would calibrate on extrapolated RoPE
+    seq_len = min(request.spec.calibration_seq_length, found.pop("max_positions"))
+    spec = replace(request.spec, calibration_seq_length=seq_len)
+    request = replace(request, spec=spec)
     check_group_divisibility(spec, found["linears"])
-    eval_seq_len = min(spec.calibration_seq_length, found.pop("max_positions"))
+    eval_seq_len = seq_len
     tokens = calibration.open_tokens(found["data_prefix"])
     split = calibration.split_tokens(
         tokens, spec.num_calibration_samples, spec.calibration_seq_length, request.num_eval_tokens
@@ -226,9 +229,12 @@ def plan_quantization(request: QuantRequest) -> QuantPlan:
 
 
 def _quiet_progress() -> None:
-    """tqdm reads TQDM_DISABLE when first imported: set it before any heavy import."""
+    """Before any heavy import (both are read at import time): no tqdm bars, and no
+    llm-compressor log lines, which it writes to stdout and would corrupt `--json` output.
+    `LLMCTL_VERBOSE=1` keeps both."""
     if not os.environ.get("LLMCTL_VERBOSE"):
         os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("LLM_COMPRESSOR_LOG_DISABLED", "true")
 
 
 def _offline() -> None:

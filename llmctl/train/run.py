@@ -22,6 +22,7 @@ from llmctl.train.metrics import (
     StepMetrics,
     flops_per_token,
     peak_tflops_for,
+    perf_markdown,
     steady_state_step_s,
     write_perf,
 )
@@ -200,6 +201,22 @@ def train(
     if data_spec is None:  # before megatron is imported: bad input fails in ~2 s, not ~7 s
         data_spec = _resolve_data_rank0_first(cfg, rank)
     parallel.init_model_parallel(layout, cfg.train.seed, on_gpu)
+    try:
+        return _train_loop(cfg, run_dir, layout, data_spec, plan, checkpointer, on_gpu, rank)
+    finally:  # also on errors, so an in-process caller can start another run
+        parallel.teardown(destroy_process_group=False)
+
+
+def _train_loop(
+    cfg: Any,
+    run_dir: Path,
+    layout: TrainLayout,
+    data_spec: Any,
+    plan: dict[str, Any] | None,
+    checkpointer: Checkpointer | None,
+    on_gpu: bool,
+    rank: int,
+) -> TrainResult:
     trainer = Trainer(cfg, layout, run_dir, data_spec)
     if checkpointer is None:  # issue 5 seam: DistCheckpointer unless checkpointing is off
         from llmctl.train.checkpoint import make_checkpointer
@@ -209,6 +226,7 @@ def train(
     ckpt.load(trainer.state)
     obs = _Observer(cfg, run_dir, layout, on_gpu, rank)
     t = cfg.train
+    report = None
     try:
         with obs.panel:
             while trainer.state.step < t.train_iters:
@@ -221,30 +239,24 @@ def train(
                 if t.eval_interval > 0 and (step % t.eval_interval == 0 or step == t.train_iters):
                     val = trainer.evaluate()
                 log_now = step % max(t.log_interval, 1) == 0 or step == t.train_iters
-                obs.step(
-                    step,
-                    loss,
-                    grad_norm,
-                    trainer.current_lr(),
-                    dt,
-                    trainer.state.consumed_samples,
-                    val,
-                    log_now,
-                )
+                lr = trainer.current_lr()
+                consumed = trainer.state.consumed_samples
+                obs.step(step, loss, grad_norm, lr, dt, consumed, val, log_now)
                 ckpt.after_step(trainer.state)
         ckpt.close(trainer.state)
-        report = obs.report(cfg, layout, plan)
-        if rank == 0:
-            write_perf(run_dir, report)
+        if obs.step_times:  # a run resumed at its last step trains no step: nothing to report
+            report = obs.report(cfg, layout, plan)
+            if rank == 0:
+                write_perf(run_dir, report)
+                log.info("%s\nwritten to %s", perf_markdown(report).rstrip(), run_dir / "perf.md")
     finally:
         obs.close()
-    parallel.teardown(destroy_process_group=False)
     return TrainResult(
         run_dir=run_dir,
         steps=trainer.state.step,
         losses=obs.losses if rank == 0 else [math.nan] * len(obs.losses),
         val_losses=obs.val_losses,
-        perf=report.as_dict(),
+        perf=None if report is None else report.as_dict(),
     )
 
 

@@ -13,7 +13,6 @@ from llmctl.data.manifest import manifest_path
 
 
 @pytest.mark.slow
-@pytest.mark.multiproc
 def test_prepare_demo_data_builds_then_caches(tmp_path: Path) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 

@@ -197,3 +197,24 @@ def test_interrupted_run_leaves_nothing(tiny: dict, monkeypatch: pytest.MonkeyPa
         _run(tiny, "interrupted", scheme="W8A16", algorithm="rtn")
     assert not out.exists()
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".interrupted")]
+
+
+def test_cli_json_is_the_only_stdout(tiny: dict) -> None:
+    """A real `llmctl quantize --json` process: stdout parses as JSON (llm-compressor logs to
+    stdout unless silenced), and the table it describes is the saved report."""
+    import subprocess
+    import sys
+
+    out = Path(tiny["root"]) / "cli_w8a16"  # type: ignore[arg-type]
+    argv = [
+        sys.executable, "-m", "llmctl", "quantize", str(tiny["model"]), "--out", str(out),
+        "--preset", "w8a16_rtn", "--data", str(tiny["prefix"]), "--seq-len", str(SEQ_LEN),
+        "--eval-tokens", str(EVAL_TOKENS), "--json",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LLMCTL_VERBOSE", None)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report == json.loads((out / "quant_report.json").read_text())
+    assert report["scheme"] == "W8A16" and report["bits_per_weight"] == pytest.approx(8.125)

@@ -96,3 +96,22 @@ def test_tokenizer_larger_than_model_vocab_is_refused(
 ) -> None:
     with pytest.raises(UserError, match="1024 tokens but the model's vocabulary is 512"):
         preprocess(_cfg([corpus], tmp_path / "v", hf_tokenizer, model_vocab_size=512))
+
+
+def test_parquet_and_text_folder_inputs(tmp_path: Path, hf_tokenizer: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"row {i}: the quick brown fox" for i in range(30)]
+    pq.write_table(pa.table({"body": texts}), tmp_path / "a.parquet", row_group_size=7)
+    (tmp_path / "notes").mkdir()
+    for i, t in enumerate(texts[:3]):
+        (tmp_path / "notes" / f"{i}.txt").write_text(t)
+    prefix = tmp_path / "pq"
+    cfg = _cfg([tmp_path / "a.parquet"], prefix, hf_tokenizer, text_field="body", num_workers=2)
+    preprocess(cfg)
+    docs = indexed.read_documents(prefix)
+    assert [d.tolist() for d in docs] == _expected(hf_tokenizer, texts)
+    preprocess(_cfg([tmp_path / "notes"], tmp_path / "txt", hf_tokenizer))
+    docs = indexed.read_documents(tmp_path / "txt")
+    assert [d.tolist() for d in docs] == _expected(hf_tokenizer, texts[:3])

@@ -82,7 +82,6 @@ def test_parameter_count_matches_megatron_model(one_thread):
     from llmctl.train.layout import resolve_layout
     from llmctl.train.model import build_model_chunks, count_parameters, transformer_config
     from llmctl.train.precision import RECIPES
-    from llmctl.train.run import run_in_process  # noqa: F401  (imports megatron)
 
     for family in (
         ["model.family=llama"],
