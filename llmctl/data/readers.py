@@ -234,7 +234,8 @@ def plan_chunks(
     hash every file.
 
     Text files are grouped until a group reaches the chunk size; a Parquet file gives one
-    chunk per row group; a compressed JSONL file is one chunk.
+    chunk per row group; a compressed JSONL file is one chunk. A `chunk_bytes` below 1 MiB is
+    used as given (fine-grained chunks for tests).
     """
     chunk_bytes = chunk_size(files, chunk_bytes) if chunk_bytes >= MIN_CHUNK_BYTES else chunk_bytes
     chunks: list[Chunk] = []

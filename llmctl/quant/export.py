@@ -23,10 +23,12 @@ How names map (Llama family, `LlamaForCausalLM`):
 RoPE: megatron's default (non-interleaved halves, `rotary_percent` 1) is Hugging Face Llama's
 `rotate_half` convention, so no permutation of Q/K rows is needed.
 
-GPT-style models (LayerNorm, GeLU, learned absolute positions) would map to `GPT2LMHeadModel`
-only when every shape matches GPT-2's (biases everywhere, multi-head attention, tied
-embeddings); that exporter is not written yet, so they are refused with a clear error, as are
-MoE models and any mix of the two styles.
+GPT-style models (LayerNorm, GeLU, learned absolute positions) map to `GPT2LMHeadModel` when
+GPT-2 can hold their shapes: multi-head attention (num_query_groups == num_attention_heads) and
+head_dim * heads == hidden. GPT-2 uses Conv1D ([in, out], so weights are transposed), a
+[q | k | v] fused attention projection, `ln_1`/`ln_2` with biases, `wpe` for positions, and the
+exact-erf GeLU megatron's `F.gelu` computes; missing biases (add_bias_linear=False) are written as
+zeros. MoE models, GQA GPT-style models and any mix of the two styles are refused.
 """
 
 from __future__ import annotations
@@ -134,36 +136,59 @@ def find_run_checkpoint(
     )
 
 
-def check_exportable(model: Any) -> None:
-    """Raise `UserError` unless the model maps onto `LlamaForCausalLM`."""
+LLAMA = "LlamaForCausalLM"
+GPT2 = "GPT2LMHeadModel"
+_STYLES = {
+    LLAMA: {"normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope"},
+    GPT2: {
+        "normalization": "layernorm",
+        "activation": "gelu",
+        "position_embedding": "learned_absolute",
+    },
+}
+
+
+def _check_gpt2_shapes(model: Any) -> None:
+    if model.num_query_groups != model.num_attention_heads:
+        raise UserError(
+            f"model {model.name} is GPT-style with GQA (num_query_groups="
+            f"{model.num_query_groups} != num_attention_heads={model.num_attention_heads}): "
+            "GPT2LMHeadModel has multi-head attention only; no Hugging Face export"
+        )
+    if _head_dim(model) * model.num_attention_heads != model.hidden_size:
+        raise UserError(
+            f"model {model.name}: kv_channels*heads != hidden_size, which GPT2LMHeadModel "
+            "cannot express; no Hugging Face export"
+        )
+
+
+def check_exportable(model: Any) -> str:
+    """The Hugging Face class the model maps onto (`LlamaForCausalLM` or `GPT2LMHeadModel`).
+
+    Raises:
+        UserError: MoE, a mix of the two styles, or GPT-style shapes GPT-2 cannot hold.
+    """
     if model.num_experts:
         raise UserError(
             f"model {model.name}: MoE export (num_experts={model.num_experts}) is not supported"
         )
-    fields = {
-        "normalization": (_v(model.normalization), "rmsnorm"),
-        "activation": (_v(model.activation), "swiglu"),
-        "position_embedding": (_v(model.position_embedding), "rope"),
-    }
-    wrong = {k: have for k, (have, want) in fields.items() if have != want}
-    if len(wrong) == len(fields):
-        raise UserError(
-            f"model {model.name} is GPT-style (LayerNorm, GeLU, learned positions): export to "
-            "GPT2LMHeadModel is not implemented; llmctl exports Llama-style models "
-            "(normalization=rmsnorm, activation=swiglu, position_embedding=rope)"
-        )
-    if wrong:
-        got = ", ".join(f"{k}={v}" for k, v in wrong.items())
-        raise UserError(
-            f"model {model.name} has {got}: no Hugging Face architecture matches this mix; "
-            "llmctl exports Llama-style models (rmsnorm, swiglu, rope)"
-        )
+    have = {k: _v(getattr(model, k)) for k in _STYLES[LLAMA]}
+    for arch, fields in _STYLES.items():
+        if have == fields:
+            if arch == GPT2:
+                _check_gpt2_shapes(model)
+            return arch
+    got = ", ".join(f"{k}={v}" for k, v in have.items())
+    raise UserError(
+        f"model {model.name} has {got}: no Hugging Face architecture matches this mix; llmctl "
+        "exports Llama-style (rmsnorm, swiglu, rope) and GPT-style (layernorm, gelu, "
+        "learned_absolute) models"
+    )
 
 
 def hf_architecture(model: Any) -> str:
     """The Hugging Face class the export writes."""
-    check_exportable(model)
-    return "LlamaForCausalLM"
+    return check_exportable(model)
 
 
 def _head_dim(model: Any) -> int:
@@ -320,6 +345,75 @@ def megatron_to_hf_llama(state: dict[str, Any], model: Any) -> dict[str, Any]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
+_GPT2_RENAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "ln_1.weight",
+    "self_attention.linear_qkv.layer_norm_bias": "ln_1.bias",
+    "input_layernorm.weight": "ln_1.weight",
+    "input_layernorm.bias": "ln_1.bias",
+    "mlp.linear_fc1.layer_norm_weight": "ln_2.weight",
+    "mlp.linear_fc1.layer_norm_bias": "ln_2.bias",
+    "pre_mlp_layernorm.weight": "ln_2.weight",
+    "pre_mlp_layernorm.bias": "ln_2.bias",
+    "self_attention.linear_proj.weight": "attn.c_proj.weight",
+    "self_attention.linear_proj.bias": "attn.c_proj.bias",
+    "mlp.linear_fc1.weight": "mlp.c_fc.weight",
+    "mlp.linear_fc1.bias": "mlp.c_fc.bias",
+    "mlp.linear_fc2.weight": "mlp.c_proj.weight",
+    "mlp.linear_fc2.bias": "mlp.c_proj.bias",
+}
+
+
+def _convert_gpt2_layer(i: int, tensors: dict[str, Any], model: Any) -> dict[str, Any]:
+    """GPT-2 uses Conv1D ([in, out]: weights transposed) and a [q | k | v] fused projection."""
+    import torch
+
+    p, out = f"transformer.h.{i}.", dict[str, Any]()
+    for suffix, tensor in tensors.items():
+        if suffix in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+            fused = torch.cat(split_qkv(tensor, model), dim=0)
+            kind = suffix.rsplit(".", 1)[-1]
+            out[f"{p}attn.c_attn.{kind}"] = fused.t() if kind == "weight" else fused
+        elif suffix in _GPT2_RENAMES:
+            name = _GPT2_RENAMES[suffix]
+            is_conv = name.endswith(".weight") and not name.startswith("ln_")
+            out[p + name] = tensor.t() if is_conv else tensor
+        else:
+            raise UserError(f"checkpoint tensor decoder.layers.{suffix} has no GPT-2 counterpart")
+    for module, width in (
+        ("attn.c_attn", 3 * model.hidden_size),
+        ("attn.c_proj", model.hidden_size),
+        ("mlp.c_fc", model.ffn_hidden_size),
+        ("mlp.c_proj", model.hidden_size),
+    ):
+        if f"{p}{module}.bias" not in out:  # add_bias_linear=False: GPT-2 always has biases
+            out[f"{p}{module}.bias"] = torch.zeros(width, dtype=out[f"{p}{module}.weight"].dtype)
+    return out
+
+
+def megatron_to_hf_gpt2(state: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Hugging Face GPT-2 state dict from megatron's global tensors (GPT-style models)."""
+    if "embedding.position_embeddings.weight" not in state:
+        raise UserError("GPT-style checkpoint has no embedding.position_embeddings.weight")
+    out: dict[str, Any] = {
+        "transformer.wte.weight": state["embedding.word_embeddings.weight"],
+        "transformer.wpe.weight": state["embedding.position_embeddings.weight"],
+        "transformer.ln_f.weight": state["decoder.final_layernorm.weight"],
+        "transformer.ln_f.bias": state["decoder.final_layernorm.bias"],
+    }
+    if not model.tied_embeddings:
+        out["lm_head.weight"] = state["output_layer.weight"]
+    for i, tensors in enumerate(_layer_tensors(state, model.num_layers)):
+        out |= _convert_gpt2_layer(i, tensors, model)
+    known = _TOP_LEVEL_KEYS | {
+        "embedding.position_embeddings.weight",
+        "decoder.final_layernorm.bias",
+    }
+    leftovers = sorted(k for k in state if not _LAYER_KEY.match(k) and k not in known)
+    if leftovers:
+        raise UserError(f"checkpoint tensors with no GPT-2 counterpart: {', '.join(leftovers)}")
+    return {k: v.contiguous() for k, v in out.items()}
+
+
 _TOP_LEVEL_KEYS = {
     "embedding.word_embeddings.weight",
     "decoder.final_layernorm.weight",
@@ -327,10 +421,10 @@ _TOP_LEVEL_KEYS = {
 }
 
 
-def _torch_dtype_name(state: dict[str, Any]) -> str:
+def _torch_dtype_name(tensor: Any) -> str:
     import torch
 
-    dtype = state["model.embed_tokens.weight"].dtype
+    dtype = tensor.dtype
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
 
 
@@ -368,6 +462,32 @@ def llama_config(model: Any, dtype: str, eos_id: int | None) -> dict[str, Any]:
     data["dtype"] = dtype
     data["torch_dtype"] = dtype  # older readers (transformers 4.x, vLLM) look for this key
     data["rope_theta"] = float(model.rotary_base)  # and for this one
+    return data
+
+
+def gpt2_config(model: Any, dtype: str, eos_id: int | None) -> dict[str, Any]:
+    """config.json contents for `GPT2LMHeadModel` (exact-erf GeLU, as megatron's F.gelu)."""
+    from transformers import GPT2Config
+
+    config = GPT2Config(
+        vocab_size=model.vocab_size,
+        n_positions=model.max_position_embeddings or model.seq_length,
+        n_embd=model.hidden_size,
+        n_layer=model.num_layers,
+        n_head=model.num_attention_heads,
+        n_inner=model.ffn_hidden_size,
+        activation_function="gelu",
+        layer_norm_epsilon=model.norm_epsilon,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=bool(model.tied_embeddings),
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        architectures=[GPT2],
+    )
+    data = {k: v for k, v in config.to_dict().items() if k not in _NOISE_KEYS}
+    data["dtype"] = data["torch_dtype"] = dtype
     return data
 
 
@@ -463,10 +583,17 @@ class ExportResult:
 
 def _write_dir(ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int) -> tuple[int, list[str]]:
     model = ckpt.model
-    state = megatron_to_hf_llama(load_model_tensors(ckpt.path), model)
+    arch = check_exportable(model)
+    convert, make_config = (
+        (megatron_to_hf_llama, llama_config)
+        if arch == LLAMA
+        else (megatron_to_hf_gpt2, gpt2_config)
+    )
+    state = convert(load_model_tensors(ckpt.path), model)
     max_len = int(model.max_position_embeddings or model.seq_length)
     eos_id = write_tokenizer(ckpt.tokenizer, staging, max_len) if ckpt.tokenizer else None
-    config = llama_config(model, _torch_dtype_name(state), eos_id)
+    embed = "model.embed_tokens.weight" if arch == LLAMA else "transformer.wte.weight"
+    config = make_config(model, _torch_dtype_name(state[embed]), eos_id)
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "do_sample": False}
     (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
@@ -501,7 +628,7 @@ def export_hf(
     return ExportResult(
         out=out,
         step=ckpt.step,
-        architecture="LlamaForCausalLM",
+        architecture=check_exportable(ckpt.model),
         num_parameters=num_params,
         size_bytes=size,
         shards=shards,

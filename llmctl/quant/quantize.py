@@ -169,7 +169,12 @@ def _plan_run(request: QuantRequest) -> dict[str, Any]:
     from llmctl.quant import export
 
     ckpt = export.find_run_checkpoint(request.source, request.step)
-    export.check_exportable(ckpt.model)
+    arch = export.check_exportable(ckpt.model)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UserError(
+            f"run {request.source} exports as {arch}, which llmctl does not quantize (its "
+            f"projections are Conv1D, not Linear); supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     prefix = request.data_prefix or ckpt.data_prefix
     if not prefix:
         raise UserError(f"run {request.source} names no data prefix; pass --data PREFIX")
@@ -179,7 +184,7 @@ def _plan_run(request: QuantRequest) -> dict[str, Any]:
 
     return {
         "source_kind": "run_dir",
-        "architecture": export.hf_architecture(ckpt.model),
+        "architecture": arch,
         "linears": export.hf_linear_shapes(ckpt.model),
         "data_prefix": prefix,
         "tokenizer_vocab": tokenizer_info(str(ckpt.tokenizer))[0],

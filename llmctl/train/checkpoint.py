@@ -350,21 +350,29 @@ class DistCheckpointer:
             check_optimizer_checkpointable(state.layout)
         if not self.policy.load:
             return
-        found = None
+        steps = None
         if self.rank == 0:
             stale = store.clean_stale(self.root)
             if stale:
                 log.info("removed leftovers of interrupted saves: %s", ", ".join(sorted(stale)))
-            t0 = time.perf_counter()
-            valid, skipped = store.newest_valid(self.root, full=True)
-            self.validate_s = time.perf_counter() - t0
-            for v in skipped:
+            steps = store.committed_steps(self.root)
+        found = self._newest_valid(self._bcast(steps))
+        if found is not None:
+            self.load_from(state, self.root / store.iter_name(found))
+
+    def _newest_valid(self, steps: list[int]) -> int | None:
+        """Newest step whose checkpoint validates; every rank checksums a share of the files."""
+        t0 = time.perf_counter()
+        found = None
+        for step in reversed(steps):
+            v = store.validate(self.root / store.iter_name(step), crc_part=(self.rank, self.world))
+            if not v.ok:
                 log.warning("checkpoint %s is invalid (%s); skipping it", v.path.name, v.reason)
-            found = None if valid is None else valid.step
-        found = self._bcast(found)
-        if found is None:
-            return
-        self.load_from(state, self.root / store.iter_name(found))
+            if not self._all_max(0 if v.ok else 1):
+                found = step
+                break
+        self.validate_s = time.perf_counter() - t0
+        return found
 
     def load_from(self, state: Any, ckpt_dir: Path) -> None:
         """Load one (validated) checkpoint directory into `state`."""

@@ -25,14 +25,16 @@ def _fmt_eta(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def _row(m: StepMetrics, total: int, eta_s: float, mem_label: str) -> list[tuple[str, str]]:
+def _row(
+    m: StepMetrics, total: int, eta_s: float, mem_label: str, last_val: float | None
+) -> list[tuple[str, str]]:
     def opt(x: float | None, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
 
     return [
         ("step", f"{m.step}/{total}"),
         ("loss", f"{m.loss:.4f}"),
-        ("val loss", opt(m.val_loss, ".4f")),
+        ("val loss", opt(m.val_loss if m.val_loss is not None else last_val, ".4f")),
         ("lr", f"{m.lr:.3e}"),
         ("grad norm", opt(m.grad_norm, ".3f")),
         ("tokens/s", f"{m.tokens_per_s:,.0f}"),
@@ -61,6 +63,7 @@ class Panel:
         self._progress: Any = None
         self._task: Any = None
         self._last_draw = 0.0
+        self._last_val: float | None = None
 
     def __enter__(self) -> Panel:
         if self.live_mode:
@@ -85,10 +88,12 @@ class Panel:
             self._live.__exit__(None, None, None)
 
     def update(self, m: StepMetrics, eta_s: float) -> None:
-        """Show one logged step."""
+        """Show one logged step (the validation loss shown is the latest one measured)."""
         import time
 
-        rows = _row(m, self.total, eta_s, self.mem_label)
+        if m.val_loss is not None:
+            self._last_val = m.val_loss
+        rows = _row(m, self.total, eta_s, self.mem_label, self._last_val)
         if not self.live_mode:
             log.info("  ".join(f"{k}={v}" for k, v in rows))
             return

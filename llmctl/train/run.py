@@ -35,11 +35,18 @@ def _v(x: Any) -> str:
 
 
 def _mem_gib(on_gpu: bool) -> float | None:
-    """Peak device memory (GPU) or peak host RSS (CPU), GiB."""
+    """Memory in use now, GiB: the whole device on GPU, peak host RSS on CPU.
+
+    On GPU this is `total - free` from the driver (cudaMemGetInfo), which counts what the
+    planner's peak counts and PyTorch's allocator does not see: the CUDA context, NCCL buffers,
+    allocator caching and fragmentation. It covers the whole device, so it assumes one training
+    process per GPU (the launchers start exactly that).
+    """
     if on_gpu:
         import torch
 
-        return torch.cuda.max_memory_allocated() / 2**30
+        free, total = torch.cuda.mem_get_info()
+        return float(total - free) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
@@ -78,9 +85,11 @@ class _Observer:
         self.step_times: list[float] = []
         self.losses: list[float] = []
         self.val_losses: dict[int, float] = {}
+        self.peak_mem_gib: float | None = None
         self.metrics = MetricsLog(run_dir / "metrics.jsonl") if self.rank0 else None
         mem_label = "GPU mem GiB" if on_gpu else "host RSS GiB"
-        self.panel = Panel(f"llmctl train: {cfg.recipe or cfg.model.name}", self.total, mem_label)
+        title = f"llmctl train: {cfg.recipe or cfg.model.name}"
+        self.panel = Panel(title, self.total, mem_label, live=None if self.rank0 else False)
         self.wandb = _start_wandb(cfg, run_dir) if self.rank0 else None
 
     def step(
@@ -95,6 +104,8 @@ class _Observer:
         log_now: bool,
     ) -> None:
         self.step_times.append(dt)
+        if self.on_gpu:  # every step, every rank: the peak may fall between logged steps
+            self._sample_mem()
         self.losses.append(loss)
         if val_loss is not None:
             self.val_losses[step] = val_loss
@@ -110,7 +121,7 @@ class _Observer:
             tokens_per_s=self.tokens_per_step / dt,
             tflops_per_device=tflops,
             mfu=None if not self.peak else tflops / self.peak,
-            mem_gib=_mem_gib(self.on_gpu),
+            mem_gib=self._sample_mem(),
             consumed_samples=consumed,
             val_loss=val_loss,
         )
@@ -120,6 +131,12 @@ class _Observer:
             self.wandb.log({k: v for k, v in asdict(m).items() if v is not None}, step=step)
         eta = steady_state_step_s(self.step_times) * (self.total - step)
         self.panel.update(m, eta)
+
+    def _sample_mem(self) -> float | None:
+        now = _mem_gib(self.on_gpu)
+        if now is not None:
+            self.peak_mem_gib = max(now, self.peak_mem_gib or 0.0)
+        return self.peak_mem_gib
 
     def report(self, cfg: Any, layout: TrainLayout, plan: dict[str, Any] | None) -> PerfReport:
         step_s = steady_state_step_s(self.step_times)
@@ -133,7 +150,7 @@ class _Observer:
             predicted_step_s=pred["step_s"],
             measured_step_s=step_s,
             predicted_peak_mem_gib=pred["peak_mem_gib"],
-            measured_peak_mem_gib=_mem_gib(True) if self.on_gpu else None,
+            measured_peak_mem_gib=self.peak_mem_gib if self.on_gpu else None,
             tokens_per_s=self.tokens_per_step / step_s,
             predicted_tokens_per_s=pred["tokens_per_s"]
             or (self.tokens_per_step / pred["step_s"] if pred["step_s"] else None),

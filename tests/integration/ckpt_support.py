@@ -59,7 +59,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def start_entry(run_dir: Path, nproc: int = 1, extra: list[str] | None = None) -> subprocess.Popen:
+def start_entry(
+    run_dir: Path,
+    nproc: int = 1,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """Start `python -m llmctl.train.entry RUN_DIR` (under torchrun when nproc > 1).
 
     The process leads a new session so a test can kill the whole run (writers included).
@@ -73,7 +78,11 @@ def start_entry(run_dir: Path, nproc: int = 1, extra: list[str] | None = None) -
         ]  # fmt: skip
     log = open(run_dir / "process.log", "ab")  # noqa: SIM115 - owned by the child
     return subprocess.Popen(
-        argv, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        argv,
+        env={**child_env(), **(env or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 

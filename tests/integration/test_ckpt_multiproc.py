@@ -91,32 +91,17 @@ def test_tp1_checkpoint_resumes_as_tp2(corpus: Path, tmp_path: Path) -> None:
     assert all(v.ok for v in store.list_checkpoints(tp2 / "checkpoints", full=True))
 
 
-def _restart_fix_present() -> bool:
-    """Whether `parallel.init_distributed` gives each torchrun attempt its own store prefix.
-
-    Without it (torch 2.13 + gloo), a restarted rank can read its dead peer's address from the
-    agent's store and fail with "Connection refused" (see docs/checkpoints.md).
-    """
-    import inspect
-
-    from llmctl.train import parallel
-
-    return "TORCHELASTIC_RESTART_COUNT" in inspect.getsource(parallel)
-
-
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.xfail(
-    not _restart_fix_present(),
-    reason="needs the per-attempt store prefix in llmctl/train/parallel.py (owned by the runner)",
-    strict=True,
-)
 def test_torchrun_restarts_group_after_rank_kill_and_resumes(corpus: Path, tmp_path: Path) -> None:
     run = write_run(
         tmp_path / "dp2",
         [*base_overrides(corpus, ITERS), "parallel.dp=2", "checkpoint.interval=1"],
     )
-    proc = start_entry(run, nproc=2, extra=["--max-restarts=1"])
+    # Without it, torch 2.13's restarted gloo ranks can read the dead attempt's peer addresses
+    # from torchrun's shared store ("connectFullMesh failed ... Connection refused").
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    proc = start_entry(run, nproc=2, extra=["--max-restarts=1"], env=env)
     try:
         _kill_one_rank_after(run, proc, 3)
     except BaseException:

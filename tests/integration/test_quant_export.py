@@ -127,3 +127,48 @@ def test_quantize_run_dir_exports_on_the_fly(run: dict) -> None:
     assert abs(report["perplexity_change_pct"]) < 0.5
     assert (out / "quant_report.json").is_file() and (out / "tokenizer.json").is_file()
     assert not [p for p in out.parent.iterdir() if p.name.startswith((".q8", ".llmctl-export"))]
+
+
+def test_gpt_style_run_exports_as_gpt2(tmp_path: Path) -> None:
+    """LayerNorm + GeLU + learned positions + biases: GPT2LMHeadModel, same logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmctl.config import compose
+    from llmctl.quant.quantize import quantize_source
+    from llmctl.train.checkpoint import make_checkpointer
+    from llmctl.train.run import run_in_process
+    from llmctl.train.rundir import create_run_dir
+
+    tok_json, prefix = build_data(tmp_path)
+    run_dir = tmp_path / "gpt"
+    cfg = compose(
+        "tiny_cpu",
+        [
+            "model.normalization=layernorm", "model.activation=gelu",
+            "model.position_embedding=learned_absolute", "model.num_query_groups=4",
+            "model.add_bias_linear=true", f"model.hidden_size={HIDDEN}",
+            f"model.vocab_size={VOCAB}", f"model.seq_length={SEQ}",
+            f"data.prefixes=[{prefix}]", f"data.tokenizer={tok_json}",
+            f"data.cache_dir={tmp_path / 'cache'}", "checkpoint.interval=10",
+            "train.train_iters=10", "train.lr=3e-3", f"train.run_dir={run_dir}",
+        ],
+    )  # fmt: skip
+    create_run_dir(cfg, None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_in_process(cfg, run_dir, checkpointer=make_checkpointer(cfg, run_dir))
+    finally:
+        torch.set_num_threads(threads)
+    out = tmp_path / "hf"
+    assert export_run(run_dir, out).architecture == "GPT2LMHeadModel"
+    tokens = np.asarray(open_tokens(prefix)[-2 * SEQ :], dtype=np.int64).reshape(2, SEQ)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    with torch.no_grad():
+        got = hf(input_ids=torch.from_numpy(tokens)).logits.numpy()
+    ref = megatron_logits(cfg, run_dir / "checkpoints" / "iter_0000010", tokens)
+    assert np.abs(got - ref).max() < 1e-4
+    with pytest.raises(UserError, match="exports as GPT2LMHeadModel, which llmctl does not"):
+        quantize_source(run_dir, tmp_path / "q")

@@ -218,3 +218,29 @@ def test_cli_json_is_the_only_stdout(tiny: dict) -> None:
     report = json.loads(proc.stdout)
     assert report == json.loads((out / "quant_report.json").read_text())
     assert report["scheme"] == "W8A16" and report["bits_per_weight"] == pytest.approx(8.125)
+
+
+def test_killed_process_leaves_no_complete_looking_output(tiny: dict) -> None:
+    """SIGKILL a real `llmctl quantize` once it has started writing: `--out` never appears."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(tiny["root"])  # type: ignore[arg-type]
+    out = root / "killed"
+    argv = [
+        sys.executable, "-m", "llmctl", "quantize", str(tiny["model"]), "--out", str(out),
+        "--preset", "w4a16_gptq", "--data", str(tiny["prefix"]),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(root.glob(".killed.partial-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "quantize finished before it could be killed"
+        time.sleep(0.05)
+    time.sleep(0.5)  # let it get into the work
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not out.exists()
+    leftovers = list(root.glob(".killed.partial-*"))
+    assert leftovers and all(not (p / "quant_report.json").exists() for p in leftovers)

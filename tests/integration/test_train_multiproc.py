@@ -5,7 +5,8 @@ single-rank run. Why not exact: TP splits each GEMM and sums partial products wi
 all-reduce, and DP averages gradients across ranks, so fp32 additions happen in a different
 order (rounding ~1e-7 relative per operation, compounding over steps). PP and VPP move whole
 layers and so match to the last bit on CPU; the bound is shared for simplicity. Measured
-differences on this machine: 0 for DP=2, PP=2 and PP=2xVPP=2, <= 1e-6 for TP=2.
+differences on this machine: 0 for DP=2 (plain and distributed optimizer), PP=2 and
+PP=2xVPP=2, <= 1e-6 for TP=2.
 The initial model is layout-independent because llmctl seeds each layer from its global layer
 number (see llmctl/train/model.py).
 """
@@ -107,6 +108,8 @@ def baseline(demo_cache, tmp_path_factory):
     [
         ("tp2", ["parallel.tp=2"], 2),
         ("dp2", ["parallel.dp=2"], 2),
+        # megatron's distributed optimizer (ZeRO-1): reduce-scatter grads, all-gather params.
+        ("dp2_zero1", ["parallel.dp=2", "parallel.optimizer_sharding=distributed"], 2),
         # 1F1B with 4 micro-batches (warm-up, steady state, cool-down all run).
         ("pp2", ["parallel.pp=2", "parallel.micro_batch_size=2"], 2),
         # Interleaved 1F1B: 4 micro-batches on PP=2 with VPP=2 reach its steady state.

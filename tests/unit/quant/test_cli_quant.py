@@ -93,20 +93,23 @@ def test_run_dir_without_checkpoint(tmp_path: Path) -> None:
         export_run(tmp_path, tmp_path / "hf")
 
 
-def test_gpt_style_models_are_refused_with_the_mapping() -> None:
+def test_export_architecture_mapping() -> None:
     from llmctl.config import compose
     from llmctl.errors import UserError
     from llmctl.quant.export import check_exportable
 
-    cfg = compose(
-        "tiny_cpu",
-        ["model.normalization=layernorm", "model.activation=gelu",
-         "model.position_embedding=learned_absolute"],
-    )  # fmt: skip
-    with pytest.raises(UserError, match=r"GPT-style.*GPT2LMHeadModel"):
-        check_exportable(cfg.model)
+    assert check_exportable(compose("tiny_cpu", []).model) == "LlamaForCausalLM"
+    gpt = ["model.normalization=layernorm", "model.activation=gelu",
+           "model.position_embedding=learned_absolute"]  # fmt: skip
+    cfg = compose("tiny_cpu", [*gpt, "model.num_query_groups=4"])
+    assert check_exportable(cfg.model) == "GPT2LMHeadModel"
+    with pytest.raises(UserError, match=r"GQA.*multi-head attention only"):
+        check_exportable(compose("tiny_cpu", gpt).model)  # tiny has 4 heads, 2 groups
     cfg.model.activation = "swiglu"  # type: ignore[assignment]
     with pytest.raises(UserError, match="no Hugging Face architecture matches"):
+        check_exportable(cfg.model)
+    cfg.model.activation, cfg.model.num_experts = "gelu", 4  # type: ignore[assignment]
+    with pytest.raises(UserError, match="MoE export"):
         check_exportable(cfg.model)
 
 

@@ -108,3 +108,15 @@ def test_restricted_unpickler_rejects_code(tmp_path: Path) -> None:
     bad.write_bytes(pickle.dumps(Evil()))
     with pytest.raises(UnsafePickleError, match=r"builtins\.print"):
         load_metadata(bad)
+
+
+def test_checksum_work_is_split_between_ranks(tmp_path: Path) -> None:
+    path = _fake_checkpoint(tmp_path, 3, world_size=2)
+    files = sorted(json.loads((path / store.MANIFEST).read_text())["files"])
+    victim = files.index("__1_0.distcp")
+    data = bytearray((path / "__1_0.distcp").read_bytes())
+    data[0] ^= 0xFF
+    (path / "__1_0.distcp").write_bytes(bytes(data))
+    owner, other = (victim % 2, 2), (1 - victim % 2, 2)
+    assert "checksum mismatch" in store.validate(path, crc_part=owner).reason
+    assert not any("checksum" in p for p in store.validate(path, crc_part=other).problems)

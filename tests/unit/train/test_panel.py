@@ -56,3 +56,15 @@ def test_without_terminal_one_log_line_per_step(caplog):
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("step=3/50  loss=7.2500")
     assert "val loss=n/a" in line and "ETA=1:02:05" in line and "MFU=25.0%" in line
+
+
+def test_latest_validation_loss_stays_on_screen(caplog):
+    with (
+        caplog.at_level(logging.INFO, logger="llmctl.train"),
+        Panel("t", 50, "GPU mem GiB", live=False) as panel,
+    ):
+        with_val = _metrics(5)
+        with_val.val_loss = 6.5
+        panel.update(with_val, eta_s=1.0)
+        panel.update(_metrics(6), eta_s=1.0)
+    assert ["val loss=6.5000" in r.getMessage() for r in caplog.records] == [True, True]
