@@ -9,8 +9,9 @@ directory, per-rank durable markers, manifest with CRC32s, atomic rename, `lates
 retention) lives in `ckpt_store`.
 
 Why async: a synchronous save stalls every rank for the whole write. megatron's async request
-copies the state to host memory (a no-op on CPU: tensors are cloned), forks a writer and returns;
-the loop polls it once per step (one int all-reduce) and commits when every rank is done.
+stages the state in host memory (a device-to-host copy on GPU; on CPU only tensors that are
+views get cloned), forks a writer, whose copy-on-write memory is the snapshot, and returns; the
+loop polls it once per step (one int all-reduce) and commits when every rank is done.
 
 Failure policy: a save that fails (disk full, permission denied, I/O error) is logged and retried
 at the next step up to `checkpoint.save_retries` times; after `checkpoint.max_failed_saves`
@@ -534,7 +535,12 @@ class DistCheckpointer:
         if use_async:
             if self.queue is None:
                 self.queue = AsyncCallsQueue(persistent=False)
-            self.queue.schedule_async_request(req)
+            try:
+                self.queue.schedule_async_request(req)
+            except Exception as e:  # e.g. fork() failing for lack of memory
+                pending.error = f"{type(e).__name__}: {e}"
+                self.queue = None
+                self._settle()
         else:
             try:
                 req.execute_sync()

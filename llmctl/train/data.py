@@ -12,6 +12,7 @@ same samples in each step, which is what makes TP/PP/DP runs comparable with TP=
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -52,6 +53,42 @@ def check_prefix(prefix: str) -> None:
             )
         if not os.access(path, os.R_OK):
             raise UserError(f"data prefix {prefix}: {path} is not readable (check permissions)")
+
+
+def num_documents(prefix: str) -> int:
+    """Documents in an indexed dataset, read from the `.idx` header (magic, version, dtype,
+    sequence count, document count) without mapping the file."""
+    with open(prefix + ".idx", "rb") as f:
+        header = f.read(34)
+    if len(header) < 34 or not header.startswith(b"MMIDIDX"):
+        raise UserError(f"data prefix {prefix}: {prefix}.idx is not a Megatron index file")
+    # the document index starts with a 0 bookend, so it holds documents + 1 entries
+    return int.from_bytes(header[26:34], "little") - 1
+
+
+def check_split(prefix: str, split: str) -> None:
+    """Refuse a split that leaves the train or validation part without documents.
+
+    megatron-core's GPTDataset never returns when asked for samples from an empty split, so
+    this is checked up front with the same rounding megatron uses for the split bookends.
+    """
+    try:
+        parts = [float(x) for x in split.replace("/", ",").split(",")]
+    except ValueError:
+        raise UserError(f"data.split={split!r}: expected numbers like '98,2,0'") from None
+    parts = [*parts, 0.0, 0.0, 0.0][:3]
+    if sum(parts) <= 0 or min(parts) < 0:
+        raise UserError(f"data.split={split!r}: parts must be >= 0 with a positive sum")
+    n = num_documents(prefix)
+    bookends = [0]
+    for part in parts:
+        bookends.append(bookends[-1] + round(part / sum(parts) * n))
+    for name, i in (("train", 0), ("validation", 1)):
+        if bookends[i + 1] - bookends[i] < 1:
+            raise UserError(
+                f"data prefix {prefix}: {n} documents leave the {name} split of "
+                f"data.split={split} empty; use more documents or change data.split"
+            )
 
 
 def tokenizer_info(path: str) -> tuple[int, int]:
@@ -120,6 +157,7 @@ def resolve_data(cfg: Any) -> DataSpec:
     prefixes = list(cfg.data.prefixes) or [_demo_data(cfg)]
     for prefix in prefixes:
         check_prefix(prefix)
+        check_split(prefix, cfg.data.split)
     weights = cfg.data.weights
     if weights is not None and len(weights) != len(prefixes):
         raise UserError(
@@ -144,11 +182,27 @@ def resolve_data(cfg: Any) -> DataSpec:
 class _TokenizerInfo:
     """The two tokenizer facts GPTDataset uses: vocab size and the end-of-document id."""
 
-    def __init__(self, vocab_size: int, eod: int) -> None:
+    def __init__(self, vocab_size: int, eod: int, fingerprint: str = "") -> None:
         self.vocab_size = vocab_size
         self.eod = eod
         # Part of the dataset's cache key (megatron hashes it into the index file names).
-        self.unique_identifiers = {"class": "llmctl", "vocab_size": vocab_size, "eod": eod}
+        self.unique_identifiers = {
+            "class": "llmctl",
+            "vocab_size": vocab_size,
+            "eod": eod,
+            "data": fingerprint,
+        }
+
+
+def data_fingerprint(prefixes: tuple[str, ...]) -> str:
+    """Digest of the `.idx` files, so indices cached for data rebuilt at the same path are not
+    reused (megatron keys its index cache on the path and the config, not the content)."""
+    digest = hashlib.sha256()
+    for prefix in prefixes:
+        with open(prefix + ".idx", "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def build_datasets(
@@ -170,7 +224,11 @@ def build_datasets(
         blend=(list(spec.prefixes), weights),
         split=cfg.data.split,
         path_to_cache=str(Path(spec.cache_dir) / "index-cache"),
-        tokenizer=_TokenizerInfo(spec.tokenizer_vocab_size or cfg.model.vocab_size, spec.eod_id),
+        tokenizer=_TokenizerInfo(
+            spec.tokenizer_vocab_size or cfg.model.vocab_size,
+            spec.eod_id,
+            data_fingerprint(spec.prefixes),
+        ),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
