@@ -26,10 +26,10 @@ step "llmctl data dedup: exact + MinHash near-duplicates"
 $LLMCTL data dedup "$OUT/data/corpus.jsonl" --output-dir "$OUT/data/dedup"
 
 step "llmctl data tokenizer train: byte-level BPE, 4096 tokens"
-$LLMCTL data tokenizer train "$OUT/data/dedup" --output-dir "$OUT/data/tokenizer"
+$LLMCTL data tokenizer train "$OUT/data/dedup/corpus.jsonl" --output-dir "$OUT/data/tokenizer"
 
 step "llmctl data preprocess: Megatron .bin/.idx"
-$LLMCTL data preprocess "$OUT/data/dedup" --tokenizer "$OUT/data/tokenizer" \
+$LLMCTL data preprocess "$OUT/data/dedup/corpus.jsonl" --tokenizer "$OUT/data/tokenizer" \
   --output-prefix "$OUT/data/stdlib"
 
 step "llmctl train: tiny Llama-style model, megatron-core on CPU (local launcher)"

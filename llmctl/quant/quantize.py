@@ -253,6 +253,10 @@ def _offline() -> None:
         from transformers.utils import logging as hf_logging
 
         logger.disable("llmcompressor")
+        try:  # with its logging disabled llm-compressor skips registering the level it
+            logger.level("METRIC")  # still logs GPTQ timings at, which loguru then rejects
+        except ValueError:
+            logger.level("METRIC", no=38)
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
