@@ -350,6 +350,19 @@ def _summarize(
     )
 
 
+def _dedup_record(inputs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Parameters of the `llmctl data dedup` run that wrote these inputs: its report sits in
+    the output folder (an input's folder or one above it) and names that folder."""
+    for entry in inputs:
+        for folder in list(Path(entry["path"]).resolve().parents)[:3]:
+            report = read_json(folder / "dedup_report.json")
+            if not report or not isinstance(report.get("params"), dict):
+                continue
+            if Path(str(report.get("output_dir"))).resolve() == folder:
+                return {**report["params"], "report": str(folder / "dedup_report.json")}
+    return None
+
+
 def _commit(
     cfg: PreprocessConfig,
     prefix: Path,
@@ -380,7 +393,7 @@ def _commit(
             "skipped": summary.problems["counts"],
         },
         "problem_examples": summary.problems["examples"],
-        "dedup": cfg.dedup,
+        "dedup": cfg.dedup or _dedup_record(plan["inputs"]),
     }
     write_json_atomic(work_dir / "manifest.json", manifest)
     moves = [

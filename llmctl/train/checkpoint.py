@@ -292,6 +292,7 @@ class DistCheckpointer:
         self.validate_s: float | None = None  # full validation of the resume candidates
         self.load_s: float | None = None  # megatron load + state restore
         self.loaded_step: int | None = None
+        self._old_handlers: dict[int, Any] = {}
         if self.enabled:
             self._install_handlers()
 
@@ -336,7 +337,13 @@ class DistCheckpointer:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in PREEMPT_SIGNALS:
-            signal.signal(sig, self._on_signal)
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        """Give the signals back (matters when training runs inside a longer-lived process)."""
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         del frame
@@ -452,6 +459,7 @@ class DistCheckpointer:
         if self.queue is not None:
             self.queue.close()
             self.queue = None
+        self._restore_handlers()
 
     # ----- saving -----
     def wait(self) -> None:
@@ -612,6 +620,7 @@ class DistCheckpointer:
             f"checkpoint is step {self.last_saved}; fix the storage and resume"
         )
         log.error(msg)
+        self._restore_handlers()
         raise TrainingStopped(EXIT_SAVE_FAILED, msg)
 
     def _preempt(self, state: Any, signum: int) -> None:
@@ -627,6 +636,7 @@ class DistCheckpointer:
         if self.queue is not None:
             self.queue.close()
             self.queue = None
+        self._restore_handlers()
         raise TrainingStopped(code, msg)
 
 

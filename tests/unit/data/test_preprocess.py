@@ -115,3 +115,15 @@ def test_parquet_and_text_folder_inputs(tmp_path: Path, hf_tokenizer: Path) -> N
     preprocess(_cfg([tmp_path / "notes"], tmp_path / "txt", hf_tokenizer))
     docs = indexed.read_documents(tmp_path / "txt")
     assert [d.tolist() for d in docs] == _expected(hf_tokenizer, texts[:3])
+
+
+def test_manifest_records_dedup_parameters_found_beside_the_input(
+    tmp_path: Path, corpus: Path, hf_tokenizer: Path
+) -> None:
+    from llmctl.data.dedup import DedupConfig, dedup
+
+    dedup(DedupConfig(inputs=[str(corpus)], output_dir=str(tmp_path / "dd"), num_workers=1))
+    prefix = tmp_path / "p"
+    preprocess(_cfg([tmp_path / "dd" / corpus.name], prefix, hf_tokenizer))
+    recorded = json.loads(manifest_path(prefix).read_text())["dedup"]
+    assert recorded["threshold"] == 0.8 and recorded["report"].endswith("dedup_report.json")

@@ -103,3 +103,13 @@ def test_empty_documents_skip_even_under_fail(tmp_path: Path, write_jsonl) -> No
 def test_missing_input_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         discover([tmp_path / "nope.jsonl"])
+
+
+def test_small_inputs_still_split_for_every_worker(tmp_path: Path, write_jsonl) -> None:
+    from llmctl.data.readers import MIN_CHUNK_BYTES, chunk_size
+
+    path = write_jsonl(tmp_path / "m.jsonl", ["w" * 1000] * 3000)  # ~3 MB
+    assert chunk_size([path], 32 << 20) == MIN_CHUNK_BYTES
+    chunks, _ = plan_chunks([path], 32 << 20)
+    assert len(chunks) == 3
+    assert len([d for c in chunks for d in iter_documents(c)]) == 3000

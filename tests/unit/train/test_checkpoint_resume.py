@@ -21,6 +21,8 @@ pytest.importorskip("megatron.core")
 from llmctl.config import compose
 from llmctl.train import ckpt_store as store
 
+ITERS = 24  # long enough that a signal sent after step 5 always lands mid-run
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -76,9 +78,9 @@ def _train(cfg, run_dir: Path):
 
 @pytest.fixture(scope="module")
 def baseline(corpus: Path, tmp_path_factory: pytest.TempPathFactory):
-    """An uninterrupted 12-step run with async checkpoints every 4 steps."""
+    """An uninterrupted run with async checkpoints every 4 steps."""
     run_dir = tmp_path_factory.mktemp("baseline")
-    result = _train(_cfg(corpus, 12, "checkpoint.keep_last=5"), run_dir)
+    result = _train(_cfg(corpus, ITERS, "checkpoint.keep_last=10"), run_dir)
     return run_dir, result.losses
 
 
@@ -90,9 +92,9 @@ def _copy_checkpoint(src: Path, dst: Path, step: int) -> None:
 def test_saves_are_committed_and_valid(baseline) -> None:
     run_dir, losses = baseline
     root = run_dir / "checkpoints"
-    assert len(losses) == 12
-    assert store.committed_steps(root) == [4, 8, 12]
-    assert store.read_latest(root) == 12
+    assert len(losses) == ITERS
+    assert store.committed_steps(root) == list(range(4, ITERS + 1, 4))
+    assert store.read_latest(root) == ITERS
     for v in store.list_checkpoints(root, full=True):
         assert v.ok, v.problems
         assert v.manifest is not None and v.manifest["versions"]["megatron_core"]
@@ -103,9 +105,9 @@ def test_saves_are_committed_and_valid(baseline) -> None:
 def test_resume_is_bit_exact(baseline, corpus: Path, tmp_path: Path) -> None:
     run_dir, losses = baseline
     _copy_checkpoint(run_dir, tmp_path, 4)  # the run "died" right after step 4 was committed
-    resumed = _train(_cfg(corpus, 12), tmp_path)
+    resumed = _train(_cfg(corpus, ITERS), tmp_path)
     assert resumed.losses == losses[4:]  # exact float equality on CPU
-    assert store.committed_steps(tmp_path / "checkpoints")[-1] == 12
+    assert store.committed_steps(tmp_path / "checkpoints")[-1] == ITERS
 
 
 def test_corrupt_newest_is_skipped(baseline, corpus: Path, tmp_path: Path) -> None:
@@ -118,7 +120,7 @@ def test_corrupt_newest_is_skipped(baseline, corpus: Path, tmp_path: Path) -> No
     shard.write_bytes(bytes(data))
     v = store.validate(tmp_path / "checkpoints" / "iter_0000008")
     assert not v.ok and "checksum mismatch" in v.reason
-    resumed = _train(_cfg(corpus, 12), tmp_path)
+    resumed = _train(_cfg(corpus, ITERS), tmp_path)
     assert resumed.losses == losses[4:]  # resumed from step 4, not the corrupt step 8
 
 
@@ -165,11 +167,13 @@ def test_signal_checkpoints_then_resume_matches(
 
     sender = threading.Thread(target=preempt_after_step_5, daemon=True)
     sender.start()
+    before = signal.getsignal(signum)
     with pytest.raises(TrainingStopped) as info:  # sync saves at 4 must keep the handlers
-        _train(_cfg(corpus, 12, f"checkpoint.async_save={async_save}"), tmp_path)
+        _train(_cfg(corpus, ITERS, f"checkpoint.async_save={async_save}"), tmp_path)
     sender.join()
     assert info.value.code == 128 + signum
     stopped_at = store.read_latest(tmp_path / "checkpoints")
-    assert stopped_at is not None and 5 <= stopped_at < 12
-    resumed = _train(_cfg(corpus, 12), tmp_path)
+    assert stopped_at is not None and 5 <= stopped_at < ITERS
+    assert signal.getsignal(signum) is before  # the checkpointer gave the signal back
+    resumed = _train(_cfg(corpus, ITERS), tmp_path)
     assert resumed.losses == losses[stopped_at:]
