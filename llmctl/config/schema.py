@@ -227,7 +227,7 @@ class LauncherConfig:
 class CheckpointConfig:
     """Distributed checkpoints (megatron-core dist_checkpointing, torch_dist format)."""
 
-    interval: int = doc(0, "Steps between checkpoints; 0 = only at the end (if enabled).")
+    interval: int = doc(0, "Steps between checkpoints (also saved at the end); 0 = off.")
     async_save: bool = doc(True, "Write checkpoints asynchronously while training continues.")
     keep_last: int = doc(2, "Complete checkpoints kept, newest first.")
     keep_every: int | None = doc(None, "Also keep every N-th step as a milestone.")

@@ -94,11 +94,10 @@ def launch_env(cfg: Any, shape: Shape) -> dict[str, str]:
         UserError: A malformed variable name, or a secret also given a value in launcher.env.
     """
     check_env_names(cfg)
-    env = {"PYTHONUNBUFFERED": "1"}
-    if shape.num_nodes > 1:
-        # torch 2.13: a restarted agent deadlocks in re-rendezvous when workers share the
-        # agent's TCP store (see docs/launch.md, "Failure and restarts").
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # torch 2.13: when workers share the agent's rendezvous TCP store, a restarted agent
+    # deadlocks in re-rendezvous (multi-node) and a restarted gloo rank can read its dead
+    # peer's old address (single node); see docs/launch.md, "Failure and restarts".
+    env = {"PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if cfg.cluster.device == "cuda":
         env.update(
             CUDA_DEVICE_MAX_CONNECTIONS="1",  # megatron's TP/SP comm overlap needs in-order kernels

@@ -215,6 +215,22 @@ def check_compatible(saved: dict[str, Any], cfg: Any, layout: Any) -> list[str]:
 
 
 @contextlib.contextmanager
+def _preempt_signals_deferred() -> Iterator[None]:
+    """Block SIGTERM/SIGUSR1 here; they are delivered when the block ends, not lost.
+
+    Why: SLURM signals every process of a job step. megatron's checkpoint writer starts helper
+    processes (a `spawn` multiprocessing Manager, cached for the whole run, and forked
+    writers); started while the signals are blocked, they inherit the block and survive a
+    preemption notice, so the checkpoint that the notice asks for can still be written.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPT_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
 def _weights_only_loads() -> Iterator[None]:
     """Force `torch.load(weights_only=True)` for every load inside (megatron's common.pt)."""
     old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
@@ -256,9 +272,8 @@ def _wrapped_async_fn(
     trainer_pid = os.getpid()
 
     def run(*args: Any, **kwargs: Any) -> None:
-        if os.getpid() != trainer_pid:  # a forked writer must die on SIGTERM, not set a flag
-            for sig in PREEMPT_SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
+        if os.getpid() != trainer_pid:  # a forked writer finishes its write; SIGKILL still ends it
+            signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPT_SIGNALS)
         if fn is not None:
             fn(*args, **kwargs)
         _write_rank_files(ckpt_dir, rank, rng, train_state)
@@ -525,12 +540,13 @@ class DistCheckpointer:
         header = self._header(state)
         pending = _Pending(step=state.step, tmp_dir=tmp, started=t0)
         try:
-            req = dist_checkpointing.save(
-                sharded_state_dict(state, is_loading=False),
-                str(tmp),
-                async_sharded_save=True,
-                validate_access_integrity=not self.validated_once,
-            )
+            with _preempt_signals_deferred():
+                req = dist_checkpointing.save(
+                    sharded_state_dict(state, is_loading=False),
+                    str(tmp),
+                    async_sharded_save=True,
+                    validate_access_integrity=not self.validated_once,
+                )
         except Exception as e:
             self._record_failure(state.step, tmp, f"{type(e).__name__}: {e}")
             return
@@ -544,14 +560,16 @@ class DistCheckpointer:
             if self.queue is None:
                 self.queue = AsyncCallsQueue(persistent=False)
             try:
-                self.queue.schedule_async_request(req)
+                with _preempt_signals_deferred():
+                    self.queue.schedule_async_request(req)
             except Exception as e:  # e.g. fork() failing for lack of memory
                 pending.error = f"{type(e).__name__}: {e}"
                 self.queue = None
                 self._settle()
         else:
             try:
-                req.execute_sync()
+                with _preempt_signals_deferred():
+                    req.execute_sync()
             except Exception as e:
                 pending.error = f"{type(e).__name__}: {e}"
             self._settle()

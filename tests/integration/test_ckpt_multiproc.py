@@ -11,8 +11,10 @@ newest complete checkpoint by themselves and finish.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -51,7 +53,11 @@ def _wait(proc, timeout_s: float = 120) -> int:
 
 
 def _kill_one_rank_after(run_dir: Path, proc, step: int, timeout_s: float = 120) -> None:
-    """Once a checkpoint >= `step` is committed, SIGKILL the worker with LOCAL_RANK=1."""
+    """Once a checkpoint >= `step` is committed, SIGKILL rank 1 and its checkpoint helpers.
+
+    torchrun starts each rank in its own session, so the rank's process group holds the rank
+    and the processes it started (megatron's writer Manager), as a crashed host would lose them.
+    """
     deadline = time.monotonic() + timeout_s
     while (store.read_latest(run_dir / "checkpoints") or 0) < step:
         assert time.monotonic() < deadline and proc.poll() is None, "run ended early"
@@ -61,7 +67,7 @@ def _kill_one_rank_after(run_dir: Path, proc, step: int, timeout_s: float = 120)
             if child.environ().get("LOCAL_RANK") == "1" and "llmctl.train.entry" in " ".join(
                 child.cmdline()
             ):
-                child.kill()
+                os.killpg(child.pid, signal.SIGKILL)
                 return
         except psutil.NoSuchProcess:
             continue
