@@ -183,10 +183,7 @@ def _dict_keys() -> set[str]:
     """Dotted keys of dict-typed fields (e.g. launcher.env), which accept new entries."""
     root = OmegaConf.structured(RootConfig)
     return {
-        f"{g}.{k}"
-        for g in GROUPS
-        for k in root[g]
-        if isinstance(root[g]._get_node(k), DictConfig)
+        f"{g}.{k}" for g in GROUPS for k in root[g] if isinstance(root[g]._get_node(k), DictConfig)
     }
 
 

@@ -25,7 +25,7 @@ def _write(prefix: Path, docs: list[list[int]]) -> str:
 def test_document_count_and_empty_split(tmp_path: Path) -> None:
     prefix = _write(tmp_path / "few", [[1, 2, 3]] * 10)
     assert num_documents(prefix) == 10
-    with pytest.raises(UserError, match="validation split of data.split=98,2,0 empty"):
+    with pytest.raises(UserError, match=r"validation split of data\.split=98,2,0 empty"):
         check_split(prefix, "98,2,0")
     check_split(prefix, "80,20,0")
     with pytest.raises(UserError, match="expected numbers"):
