@@ -45,10 +45,29 @@ format: venv ## Apply ruff formatting and safe fixes
 	$(BIN)/ruff check --fix llmctl tests benchmarks scripts
 	$(BIN)/ruff format llmctl tests benchmarks scripts
 
-bench: venv ## Run the side-by-side benchmarks (writes figures to stdout; see docs/benchmarks.md)
-	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+bench: bench-plan bench-train bench-ckpt bench-data bench-quant ## Run every side-by-side benchmark
+
+bench-plan: venv ## Planner speed and accuracy against published tables
+	$(BIN)/python benchmarks/plan_speed.py && $(BIN)/python benchmarks/plan_accuracy.py
+
+bench-train: venv ## llmctl train against a hand-written megatron-core loop (CPU)
+	$(BIN)/python benchmarks/train_overhead.py
+
+bench-ckpt: venv ## Asynchronous against synchronous checkpoint saves (>= 1 GiB state)
+	$(BIN)/python benchmarks/ckpt_async.py
+
+bench-data: venv ## Dedup against rensa/datasketch; preprocess (Megatron-LM side by side if MEGATRON_LM=path)
+	RAYON_NUM_THREADS=1 $(BIN)/python benchmarks/data_dedup.py
+	$(BIN)/python benchmarks/data_preprocess.py $(if $(MEGATRON_LM),--megatron-lm $(MEGATRON_LM),)
+
+bench-quant: venv ## llmctl quantize against calling llm-compressor directly
+	$(BIN)/python benchmarks/quant_compare.py
+
+gpu-smoke: venv ## On a GPU machine: TE FP8/bf16 training vs the plan (see docs/benchmarks.md)
+	bash scripts/gpu_smoke.sh
 
 clean: ## Remove build outputs and caches (keeps .venv)
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv demo cluster-up cluster-down test test-fast lint format bench clean
+.PHONY: help venv demo cluster-up cluster-down test test-fast lint format bench bench-plan \
+	bench-train bench-ckpt bench-data bench-quant gpu-smoke clean

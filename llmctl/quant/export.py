@@ -34,7 +34,6 @@ zeros. MoE models, GQA GPT-style models and any mix of the two styles are refuse
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import warnings
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import UserError
+from llmctl.train.ckpt_safe import weights_only_loads
 
 DEFAULT_MAX_SHARD_BYTES = 2 << 30
 _MODEL_KEY = re.compile(r"^(?:model\d*\.)?((?:embedding|decoder|output_layer)\..+)$")
@@ -236,27 +236,13 @@ def _one_rank_group() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-@contextmanager
-def _weights_only() -> Iterator[None]:
-    """Every torch.load inside (megatron's common.pt) refuses arbitrary pickles."""
-    old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = old
-
-
 def load_model_tensors(ckpt_dir: Path) -> dict[str, Any]:
     """Whole model tensors of a torch_dist checkpoint, by megatron key (optimizer state skipped)."""
     with warnings.catch_warnings():  # "TE/Apex not installed": irrelevant to reading tensors
         warnings.simplefilter("ignore")
         from megatron.core import dist_checkpointing
 
-    with _one_rank_group(), _weights_only():
+    with _one_rank_group(), weights_only_loads():
         metadata = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
         wanted = {k: v for k, v in metadata.items() if _MODEL_KEY.match(k)}
         if not wanted:

@@ -230,20 +230,6 @@ def _preempt_signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-@contextlib.contextmanager
-def _weights_only_loads() -> Iterator[None]:
-    """Force `torch.load(weights_only=True)` for every load inside (megatron's common.pt)."""
-    old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = old
-
-
 def sharded_state_dict(state: Any, *, is_loading: bool) -> dict[str, Any]:
     """megatron's sharded state dict of the model chunks (unwrapped from DDP) and optimizer."""
     chunks = [_unwrap(m) for m in state.model]
@@ -401,7 +387,7 @@ class DistCheckpointer:
         """Load one (validated) checkpoint directory into `state`."""
         from megatron.core import dist_checkpointing
 
-        from llmctl.train.ckpt_safe import load_metadata
+        from llmctl.train.ckpt_safe import load_metadata, weights_only_loads
 
         t0 = time.perf_counter()
         load_metadata(ckpt_dir / ".metadata")  # rejects a .metadata naming unsafe globals
@@ -409,7 +395,7 @@ class DistCheckpointer:
         changed = check_compatible(saved, self.cfg, state.layout)
         sd = sharded_state_dict(state, is_loading=True)
         try:
-            with _weights_only_loads():
+            with weights_only_loads():
                 loaded = dist_checkpointing.load(sd, str(ckpt_dir))
         except Exception as e:
             dims = ", ".join(

@@ -5,12 +5,15 @@ which runs any callable a crafted file names. Before megatron-core loads a check
 unpickles the same file with an allowlist (torch's checkpoint metadata dataclasses and enums,
 `torch.Size`, dtypes, layouts, memory formats); a file that names anything else is rejected.
 Every other deserialization in a load runs under `TORCH_FORCE_WEIGHTS_ONLY_LOAD=1` (see
-`checkpoint._weights_only_loads`), and llmctl's own state is JSON.
+`weights_only_loads`), and llmctl's own state is JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +63,17 @@ def shard_files_in_metadata(path: Path) -> set[str]:
     """Relative paths of every shard file the `.metadata` refers to."""
     md = load_metadata(path)
     return {info.relative_path for info in (md.storage_data or {}).values()}
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Force `torch.load(weights_only=True)` for every load inside (megatron's common.pt)."""
+    old = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = old

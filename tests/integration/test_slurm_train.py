@@ -40,23 +40,6 @@ def slurm_cluster() -> None:
     subprocess.run([SCRIPT, "up"], check=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def toy_prefix(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A small Megatron indexed dataset (.bin/.idx): runs of consecutive token ids."""
-    import numpy as np
-
-    from llmctl.data.indexed import ShardWriter
-
-    prefix = tmp_path_factory.mktemp("data") / "toy"
-    rng = np.random.default_rng(0)
-    starts, lengths = rng.integers(0, 4000, 300), rng.integers(50, 200, 300)
-    docs = [np.arange(s, s + n) % 4096 for s, n in zip(starts, lengths, strict=True)]
-    writer = ShardWriter(prefix, np.uint16)
-    writer.add_documents(np.concatenate(docs), np.array([len(d) for d in docs]))
-    writer.close()
-    return str(prefix)
-
-
 def _submit(run_dir: Path, toy_prefix: str, *extra: str) -> str:
     args = ["train", "recipe=tiny_cpu", "launcher=slurm", "--dp", "2", f"train.run_dir={run_dir}",
             f"data.prefixes=[{toy_prefix}]", "train.eval_interval=0", "--json", *extra]  # fmt: skip
