@@ -83,6 +83,7 @@ def prepare_train(
 
     cfg = compose(recipe, overrides, cluster_file=cluster_file)
     cfg.train.force = bool(force or cfg.train.force)
+    _early_checks(cfg)
     plan = plan_check(cfg, force=cfg.train.force)
     layout = resolve_layout(cfg, None, plan.get("layout"))
     run_dir = Path(cfg.train.run_dir or default_run_dir(cfg.recipe)).resolve()
@@ -92,6 +93,20 @@ def prepare_train(
     )
     _render(launch)
     return launch
+
+
+def _early_checks(cfg: Any) -> None:
+    """Precision and explicit data, checked before planning so dry runs report them too.
+
+    The demo corpus (empty data.prefixes) is only built at launch: a dry run writes nothing.
+    """
+    from llmctl.train.data import resolve_data
+    from llmctl.train.precision import check_precision
+
+    on_gpu = str(cfg.cluster.device) == "cuda"
+    check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
+    if cfg.data.prefixes:
+        resolve_data(cfg)
 
 
 def _render(launch: TrainLaunch) -> None:
