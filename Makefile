@@ -29,8 +29,8 @@ cluster-up: ## Start the local one-node SLURM cluster (root; Debian packages)
 cluster-down: ## Stop the local SLURM cluster
 	bash scripts/slurm_local.sh down
 
-test: venv ## Install what the tests need (incl. local SLURM) and run the whole suite
-	@if [ -f scripts/slurm_local.sh ]; then bash scripts/slurm_local.sh up; fi
+test: venv lint ## Install what the tests need (incl. local SLURM), lint, run the whole suite
+	bash scripts/slurm_local.sh up
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only
