@@ -11,6 +11,10 @@ their names appear in the rendering, in `ps` and in logs.
 Before any process starts, `check_hosts` probes every host once over ssh (BatchMode): reachable,
 the interpreter exists, the rendezvous host resolves, and neither it nor the host's own name
 resolves to a loopback address in a multi-node run (the classic `127.0.1.1 hostname` trap).
+
+With `--max-restarts` > 0 a node lost mid-run (its ssh session ends with 255: a host crash) is
+brought back by running its rendered command again once the host answers ssh (`rejoin_node`);
+torchrun's agents re-form the group and the ranks resume from the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ from llmctl.launch.hostfile import Host
 
 PROBE_TIMEOUT_S = 30.0
 FAILURE_GRACE_S = 10.0
+SSH_LOST = 255  # ssh's exit status when the connection or the remote command was lost
+REJOIN_RETRY_S = 2.0  # how often a lost host is asked whether it answers ssh again
+REJOIN_TIMEOUT_S = 600.0  # torch's c10d rendezvous join timeout: how long survivors wait
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,27 +260,23 @@ def execute_torchrun(
     `log_dir/node<R>.log`. When a node fails, the others get FAILURE_GRACE_S to finish, then
     their ssh clients are closed (the remote agents end on the broken pipe).
 
+    A node other than node 0 that is *lost* (its ssh session ends with 255: the host crashed,
+    its agent was killed, or the connection broke) is brought back when torchrun may restart
+    (`--max-restarts` > 0): once the host answers ssh again (checked every REJOIN_RETRY_S, for
+    up to REJOIN_TIMEOUT_S), its rendered command is run again (`rejoin_node`), at most
+    max_restarts times per node. The survivors' agents meanwhile wait in the rendezvous; the
+    re-formed group resumes from the newest complete checkpoint. Node 0 hosts the rendezvous
+    store, so its loss ends the run.
+
     Returns:
         0 when every node succeeded, else the first non-zero exit code.
     """
-    secrets = secret_values(nodes[0].secrets)
-    payload = "".join(f"{secrets[n]}\n" for n in nodes[0].secrets).encode()
+    secret_values(nodes[0].secrets)  # fail before anything starts
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    procs, copiers = [], []
-    for node in nodes:
-        pipe = subprocess.PIPE
-        proc = _spawn(node.ssh_argv, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT)
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(payload)
-        proc.stdin.close()
-        log = Path(log_dir) / f"node{node.node_rank}.log"
-        shown = (sys.stdout if echo is None else echo) if node.node_rank == 0 else None
-        t = threading.Thread(target=tee, args=(proc.stdout, log, shown))
-        t.start()
-        procs.append(proc)
-        copiers.append(t)
+    copiers: list[threading.Thread] = []
+    procs = [_start_node(node, log_dir, echo, copiers) for node in nodes]
     try:
-        rc = _wait_all(procs)
+        rc = _wait_all(procs, nodes, log_dir, echo, copiers)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -283,12 +286,110 @@ def execute_torchrun(
     return rc
 
 
-def _wait_all(procs: list[subprocess.Popen[bytes]]) -> int:
+def _start_node(
+    node: NodeCommand, log_dir: str | Path, echo: TextIO | None, copiers: list[threading.Thread]
+) -> subprocess.Popen[bytes]:
+    """Run one node's ssh command: secrets on stdin, output appended to node<R>.log."""
+    secrets = secret_values(node.secrets)
+    payload = "".join(f"{secrets[n]}\n" for n in node.secrets).encode()
+    pipe = subprocess.PIPE
+    proc = _spawn(node.ssh_argv, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(payload)
+    proc.stdin.close()
+    log = Path(log_dir) / f"node{node.node_rank}.log"
+    shown = (sys.stdout if echo is None else echo) if node.node_rank == 0 else None
+    t = threading.Thread(target=tee, args=(proc.stdout, log, shown))
+    t.start()
+    copiers.append(t)
+    return proc
+
+
+def rejoin_node(
+    node: NodeCommand,
+    log_dir: str | Path,
+    echo: TextIO | None = None,
+    copiers: list[threading.Thread] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Bring a lost node back: run its rendered command again, exactly as at launch.
+
+    The new agent joins the rendezvous the survivors wait in (same `--rdzv-id` and endpoint);
+    the group re-forms and the ranks resume from the newest complete checkpoint. The caller
+    checks that the host answers ssh first (`host_answers`).
+
+    Returns:
+        The node's new ssh process; its output is appended to `log_dir/node<R>.log`.
+    """
+    note = f"llmctl: node {node.node_rank} ({node.host}) lost; running its command again\n"
+    with open(Path(log_dir) / f"node{node.node_rank}.log", "a") as log:
+        log.write(note)
+    print(note, end="", file=sys.stderr if echo is None else echo, flush=True)
+    return _start_node(node, log_dir, echo, [] if copiers is None else copiers)
+
+
+def host_answers(node: NodeCommand, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the node's host accepts an ssh command now (same ssh options as the launch)."""
+    proc = _spawn(
+        [*node.ssh_argv[:-1], "true"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        return proc.wait(timeout=timeout_s) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
+
+
+def node_max_restarts(node: NodeCommand) -> int:
+    """The `--max-restarts` the node's torchrun was rendered with (pure)."""
+    for arg in node.argv:
+        if arg.startswith("--max-restarts="):
+            return int(arg.split("=", 1)[1])
+    return 0
+
+
+@dataclass(slots=True)
+class _Rejoins:
+    """Per-node bookkeeping of lost nodes being brought back."""
+
+    used: list[int]
+    lost_at: dict[int, float] = field(default_factory=dict)
+    next_try: dict[int, float] = field(default_factory=dict)
+
+    def wanted(self, i: int, node: NodeCommand, rc: int | None, any_done: bool) -> bool:
+        """Whether a finished ssh session is a lost node to bring back, not a failure."""
+        if rc != SSH_LOST or node.node_rank == 0 or any_done:
+            return False
+        if self.used[i] >= node_max_restarts(node):
+            return False
+        return time.monotonic() - self.lost_at.setdefault(i, time.monotonic()) < REJOIN_TIMEOUT_S
+
+
+def _wait_all(
+    procs: list[subprocess.Popen[bytes]],
+    nodes: list[NodeCommand],
+    log_dir: str | Path,
+    echo: TextIO | None,
+    copiers: list[threading.Thread],
+) -> int:
     failed_at: float | None = None
     first_rc = 0
+    rejoins = _Rejoins(used=[0] * len(procs))
     while any(p.poll() is None for p in procs):
-        for p in procs:
+        any_done = any(p.poll() == 0 for p in procs)
+        for i, p in enumerate(procs):
             rc = p.poll()
+            if failed_at is None and rejoins.wanted(i, nodes[i], rc, any_done):
+                if time.monotonic() >= rejoins.next_try.get(i, 0.0):
+                    rejoins.next_try[i] = time.monotonic() + REJOIN_RETRY_S
+                    if host_answers(nodes[i]):
+                        procs[i] = rejoin_node(nodes[i], log_dir, echo, copiers)
+                        rejoins.used[i] += 1
+                        rejoins.lost_at.pop(i)
+                continue
             if rc not in (None, 0) and failed_at is None:
                 failed_at, first_rc = time.monotonic(), rc
         if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:

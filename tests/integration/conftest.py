@@ -2,7 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NETNS_SCRIPT = REPO / "scripts" / "netns_hosts.sh"
+NETNS_DIR = Path(os.environ.get("LLMCTL_NETNS_DIR", "/tmp/llmctl-netns"))
+
+
+@pytest.fixture(scope="session")
+def two_hosts() -> Path:
+    """Hosts h0 and h1 (network namespaces with sshd), left up for other tests and sessions;
+    `scripts/netns_hosts.sh down` removes them."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces and per-host sshd")
+    if shutil.which("ip") is None:
+        pytest.skip("no iproute2 (ip) to make network namespaces")
+    subprocess.run([NETNS_SCRIPT, "up", "2"], check=True, timeout=300)
+    return NETNS_DIR
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,24 +24,7 @@ from llmctl.cli.main import app
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiproc, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "netns_hosts.sh"
-NETNS_DIR = Path(os.environ.get("LLMCTL_NETNS_DIR", "/tmp/llmctl-netns"))
 runner = CliRunner()
-
-
-@pytest.fixture(scope="session")
-def two_hosts() -> Path:
-    """Hosts h0 and h1 (network namespaces with sshd); returns the script's run folder.
-
-    They are left up for other sessions (`up 2` on running hosts costs ~0.5 s); remove them
-    with `scripts/netns_hosts.sh down`.
-    """
-    if os.geteuid() != 0:
-        pytest.skip("needs root: network namespaces and per-host sshd")
-    if shutil.which("ip") is None:
-        pytest.skip("no iproute2 (ip) to make network namespaces")
-    subprocess.run([SCRIPT, "up", "2"], check=True, timeout=300)
-    return NETNS_DIR
 
 
 def _train(run_dir: Path, toy_prefix: str, *extra: str) -> list[float]:
