@@ -6,20 +6,22 @@ state and in the same process:
 
 - a warm-up save (the first save in a process starts megatron's writer machinery; excluded),
 - bare megatron-core `dist_checkpointing.save` (sync, no llmctl commit protocol): the reference,
-- llmctl sync save (megatron write + fsync + CRC32 manifest + atomic commit),
-- llmctl async save, then waiting at once: blocked ms and total ms,
+- llmctl sync save (megatron write + fsync + CRC32 manifest + atomic commit), 3 times,
+- llmctl async save, then waiting at once: blocked ms and total ms, 3 times (interleaved with
+  the sync saves; medians reported, samples listed),
 - llmctl async save while training continues: the step times while the writer runs (the dip).
 
 Then a second run resumes from the newest checkpoint: full validation (CRC32 of every byte),
 quick validation (sizes), megatron load + restore, and start to first step.
 
-Usage: python benchmarks/ckpt_async.py [--layers 4] [--hidden 1024] [--out results.json]
+Usage: python benchmarks/ckpt_async.py [--layers 4] [--hidden 1024] [--thp] [--out results.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -60,13 +62,28 @@ def _cfg(args: argparse.Namespace, prefix: Path, iters: int) -> Any:
     )  # fmt: skip
 
 
+SAMPLES = 3  # sync and async saves each, interleaved on steps 4..9
+OVERLAP_STEP = 12
+
+
 def _bench_checkpointer(cfg: Any, run_dir: Path, out: dict[str, Any]) -> Any:
     from megatron.core import dist_checkpointing
 
     from llmctl.train.checkpoint import DistCheckpointer, sharded_state_dict
 
+    samples: dict[str, list[float]] = {}
+
+    def record(key: str, t0: float) -> None:
+        samples.setdefault(key, []).append(1e3 * (time.perf_counter() - t0))
+        out[key] = statistics.median(samples[key])
+        out[f"{key}_samples"] = [round(x, 1) for x in samples[key]]
+
     class Bench(DistCheckpointer):
-        """Saves at fixed steps and records timings (steps 2..8); step 9+ measure the dip."""
+        """Saves at fixed steps and records timings (steps 2..12); step 13+ measure the dip.
+
+        Sync and async saves are taken SAMPLES times each, interleaved (sync, async, ...), and
+        reported as medians: a sync save's time varies with the page cache and write-back.
+        """
 
         def after_step(self, state: Any) -> None:
             s = state.step
@@ -82,15 +99,16 @@ def _bench_checkpointer(cfg: Any, run_dir: Path, out: dict[str, Any]) -> Any:
                 bare.mkdir()
                 dist_checkpointing.save(sharded_state_dict(state, is_loading=False), str(bare))
                 out["bare_megatron_sync_ms"] = 1e3 * (time.perf_counter() - t0)
-            elif s == 4:
+            elif 4 <= s < 4 + 2 * SAMPLES and s % 2 == 0:
                 self.save(state, use_async=False)
-                out["sync_blocked_ms"] = out["sync_total_ms"] = 1e3 * (time.perf_counter() - t0)
-            elif s == 5:
+                record("sync_blocked_ms", t0)
+                out["sync_total_ms"] = out["sync_blocked_ms"]
+            elif 4 <= s < 4 + 2 * SAMPLES:
                 self.save(state, use_async=True)
-                out["async_blocked_ms"] = 1e3 * (time.perf_counter() - t0)
+                record("async_blocked_ms", t0)
                 self.wait()
-                out["async_total_ms"] = 1e3 * (time.perf_counter() - t0)
-            elif s == 8:
+                record("async_total_ms", t0)
+            elif s == OVERLAP_STEP:
                 self.save(state, use_async=True)
                 out["async_overlap_blocked_ms"] = 1e3 * (time.perf_counter() - t0)
                 out["async_overlap_started_after_step"] = s
@@ -111,10 +129,17 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=16384)
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--activation", default="swiglu", choices=["swiglu", "gelu"])
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--thp", action="store_true",
+        help="set THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator on transparent huge pages) "
+        "before torch is imported: fewer page-table entries make fork() cheaper",
+    )  # fmt: skip
     args = p.parse_args()
+    if args.thp:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
 
     from llmctl.train import run_in_process
     from llmctl.train.checkpoint import DistCheckpointer
@@ -122,7 +147,7 @@ def main() -> None:
 
     out: dict[str, Any] = {
         "date": "2026-11-30", "layers": args.layers, "hidden": args.hidden,
-        "activation": args.activation,
+        "activation": args.activation, "thp_mem_alloc": args.thp,
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="llmctl-ckpt-bench-") as tmp:
         root = Path(tmp)
@@ -139,7 +164,9 @@ def main() -> None:
         during = [step_s[s] for s in range(started + 1, done + 1) if s in step_s]
         after = [step_s[s] for s in range(done + 1, args.steps + 1) if s in step_s]
         out["step_ms_while_writing"] = [round(1e3 * x, 1) for x in during]
-        out["step_ms_median_no_save"] = round(1e3 * statistics.median(after or [step_s[7]]), 1)
+        out["step_ms_median_no_save"] = round(
+            1e3 * statistics.median(after or [step_s[OVERLAP_STEP - 1]]), 1
+        )
         out["state_bytes"] = _state_bytes(run_dir)
         out["num_params"] = count_parameters(cfg.model)
         out["final_loss"] = result.final_loss

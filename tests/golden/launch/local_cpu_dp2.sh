@@ -1,1 +1,1 @@
-env PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 OMP_NUM_THREADS=1 /opt/venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 --max-restarts=0 -m llmctl.train.entry '/runs/golden run'
+env PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 OMP_NUM_THREADS=1 THP_MEM_ALLOC_ENABLE=1 /opt/venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 --max-restarts=0 -m llmctl.train.entry '/runs/golden run'
