@@ -108,6 +108,33 @@ def reference_perplexity(model_dir: Path, tokens: np.ndarray, seq_len: int) -> f
     return math.exp(total / (n * (seq_len - 1)))
 
 
+def mean_token_kl(ref_dir: Path, model_dir: Path, tokens: np.ndarray, seq_len: int) -> float:
+    """Mean per-token KL(reference || model) of next-token distributions, nats.
+
+    Both models are loaded by transformers in fp32 (the quantized one decompressed by
+    compressed-tensors) and scored on the same non-overlapping windows: the fidelity of a
+    quantized model to its source, which, unlike perplexity on a tail of text, does not reward
+    noise that happens to fit the evaluation text.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    def load(path: Path) -> torch.nn.Module:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+    ref, model = load(ref_dir), load(model_dir)
+    n = len(tokens) // seq_len
+    windows = torch.from_numpy(np.asarray(tokens[: n * seq_len], dtype=np.int64)).view(n, seq_len)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for w in windows.split(8):
+            p = torch.log_softmax(ref(input_ids=w).logits.float(), dim=-1)
+            q = torch.log_softmax(model(input_ids=w).logits.float(), dim=-1)
+            total += float((p.exp() * (p - q)).sum())
+            count += w.numel()
+    return total / count
+
+
 def megatron_logits(cfg: object, ckpt_dir: Path, tokens: np.ndarray) -> np.ndarray:
     """Logits of megatron's GPTModel (TP=1) loaded from the checkpoint."""
     import torch

@@ -19,7 +19,14 @@ import pytest
 
 pytest.importorskip("llmcompressor")
 
-from quant_support import FFN, HIDDEN, build_data, reference_perplexity, train_llama
+from quant_support import (
+    FFN,
+    HIDDEN,
+    build_data,
+    mean_token_kl,
+    reference_perplexity,
+    train_llama,
+)
 
 from llmctl.quant.calibration import open_tokens
 from llmctl.quant.quantize import quantize_source
@@ -73,8 +80,12 @@ def _run(tiny: dict, name: str, **overrides: object) -> tuple[Path, dict]:
         overrides=overrides,
         data_prefix=str(tiny["prefix"]),
         num_eval_tokens=EVAL_TOKENS,
+    ).as_dict()
+    print(
+        f"{name}: perplexity {report['perplexity_before']:.4f} -> "
+        f"{report['perplexity_after']:.4f} ({report['perplexity_change_pct']:+.3f} %)"
     )
-    return out, report.as_dict()
+    return out, report
 
 
 def _tensor(model_dir: Path, name: str) -> list[int]:
@@ -139,15 +150,34 @@ def test_w4a16_gptq_matches_spec_and_reloads(tiny: dict) -> None:
     assert report["perplexity_change_pct"] < 2.0
 
 
+# KL(GPTQ) / KL(RTN) measured 0.235-0.265 under ATEN_CPU_CAPABILITY=default, avx2 and avx512
+# (g128 and per channel; docs/benchmarks.md, "Quantization"), where the trained weights and the
+# perplexity ordering both change: the bound leaves more than 2x room for other CPUs.
+GPTQ_KL_RATIO_BOUND = 0.6
+
+
 @pytest.mark.parametrize("group_size", [128, 0])
-def test_gptq_at_least_as_good_as_rtn(tiny: dict, group_size: int) -> None:
-    _, rtn = _run(tiny, f"rtn_{group_size}", scheme="W4A16", algorithm="rtn", group_size=group_size)
-    _, gptq = _run(
+def test_gptq_closer_to_source_than_rtn(tiny: dict, group_size: int) -> None:
+    """GPTQ's promise is fidelity to the source model, not a lower perplexity on some text
+    (RTN's noise can lower perplexity on an out-of-distribution tail, and which way it goes
+    depends on the trained weights, which depend on the CPU's kernels). The oracle is
+    transformers reloading each output and torch's log-softmax: mean per-token KL to fp32."""
+    rtn_out, rtn = _run(
+        tiny, f"rtn_{group_size}", scheme="W4A16", algorithm="rtn", group_size=group_size
+    )
+    gptq_out, gptq = _run(
         tiny, f"gptq_{group_size}", scheme="W4A16", algorithm="gptq", group_size=group_size
     )
     assert gptq["perplexity_before"] == rtn["perplexity_before"]
-    # GPTQ is not bit-reproducible run to run: 0.05% of slack
-    assert gptq["perplexity_after"] <= rtn["perplexity_after"] * 1.0005
+    heldout = np.asarray(tiny["heldout"])
+    kl_rtn = mean_token_kl(Path(tiny["model"]), rtn_out, heldout, SEQ_LEN)  # type: ignore[arg-type]
+    kl_gptq = mean_token_kl(Path(tiny["model"]), gptq_out, heldout, SEQ_LEN)  # type: ignore[arg-type]
+    print(
+        f"KL to fp32, g{group_size}: rtn {kl_rtn:.6f} gptq {kl_gptq:.6f} "
+        f"ratio {kl_gptq / kl_rtn:.3f}; ppl rtn {rtn['perplexity_after']:.4f} "
+        f"gptq {gptq['perplexity_after']:.4f} base {rtn['perplexity_before']:.4f}"
+    )
+    assert 0 < kl_gptq < GPTQ_KL_RATIO_BOUND * kl_rtn
 
 
 @pytest.mark.parametrize(
