@@ -16,9 +16,12 @@ The bytes are Megatron's, field for field (little endian)::
     int64[num_sequences]            byte offset of each sequence in .bin
     int64[num_documents + 1]        sequence index at which each document starts (0 first)
 
-llmctl writes one sequence per document (no sentence splitting), so the document index is
-`0..num_documents`. The token dtype follows Megatron: uint16 when the vocabulary has fewer than
-65500 entries, int32 otherwise.
+llmctl writes one sequence per non-empty document (no sentence splitting). A document with no
+tokens (empty text; no EOD is appended to it, as in Megatron-LM) has no sequence but still an
+entry in the document index, which then repeats the previous value, exactly as megatron-core's
+`IndexedDatasetBuilder.add_document([], [])` records it. Writers take per-document token
+counts where 0 marks such a document. The token dtype follows Megatron: uint16 when the
+vocabulary has fewer than 65500 entries, int32 otherwise.
 """
 
 from __future__ import annotations
@@ -103,6 +106,13 @@ def read_lengths(prefix: str | Path) -> np.ndarray:
     )
 
 
+def read_doc_indices(prefix: str | Path) -> np.ndarray:
+    """The document index (int64, num_documents + 1 entries) of a dataset."""
+    head = read_header(prefix)
+    offset = _HEADER_BYTES + head.num_sequences * (4 + 8)
+    return np.fromfile(idx_path(prefix), dtype=np.int64, count=head.num_doc_indices, offset=offset)
+
+
 def read_documents(prefix: str | Path) -> list[np.ndarray]:
     """Every document's tokens. For tests and small datasets only (loads everything)."""
     head = read_header(prefix)
@@ -122,12 +132,13 @@ class ShardWriter:
         self._lengths: list[np.ndarray] = []
 
     def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        """Append documents given as one flat token array and per-document lengths."""
+        """Append documents given as one flat token array and per-document lengths (a 0 is a
+        document without tokens: a document-index entry, no sequence)."""
         self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
         self._lengths.append(np.asarray(lengths, dtype=np.int32))
 
     def close(self) -> int:
-        """Write the `.idx`; return the number of documents."""
+        """Write the `.idx`; return the number of documents (empty ones included)."""
         self._bin.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
         write_index(self.prefix, self.dtype, [lengths])
@@ -143,24 +154,33 @@ def _pointers(lengths: np.ndarray, itemsize: int, base: int) -> np.ndarray:
     return ptr + base
 
 
-def _write_doc_indices(f: BinaryIO, count: int, block: int = 1 << 20) -> None:
-    for start in range(0, count, block):
-        f.write(np.arange(start, min(start + block, count), dtype=np.int64).tobytes())
+def _write_doc_indices(f: BinaryIO, doc_lengths: list[np.ndarray], base: int = 0) -> int:
+    """Write the document index entries after the leading 0 (one per document: sequences so
+    far, counting from `base`); return the sequence count reached."""
+    for part in doc_lengths:
+        f.write((np.cumsum(np.asarray(part) > 0, dtype=np.int64) + base).tobytes())
+        base += int(np.count_nonzero(part))
+    return base
 
 
 def write_index(prefix: str | Path, dtype: type, length_parts: list[np.ndarray]) -> None:
-    """Write `<prefix>.idx` for documents whose lengths arrive in parts (one per shard)."""
-    num_seq = sum(len(p) for p in length_parts)
+    """Write `<prefix>.idx` for documents whose token counts (0: empty document) arrive in
+    parts (one per shard)."""
+    seq_parts = [np.asarray(p, dtype=np.int32) for p in length_parts]
+    seq_parts = [p[p > 0] for p in seq_parts]
+    num_seq = sum(len(p) for p in seq_parts)
+    num_docs = sum(len(p) for p in length_parts)
     itemsize = np.dtype(dtype).itemsize
     with open(idx_path(prefix), "wb") as f:
-        _write_header(f, dtype, num_seq, num_seq + 1)
-        for part in length_parts:
-            f.write(np.asarray(part, dtype=np.int32).tobytes())
+        _write_header(f, dtype, num_seq, num_docs + 1)
+        for part in seq_parts:
+            f.write(part.tobytes())
         base = 0
-        for part in length_parts:
+        for part in seq_parts:
             f.write(_pointers(part, itemsize, base).tobytes())
             base += int(np.sum(part, dtype=np.int64)) * itemsize
-        _write_doc_indices(f, num_seq + 1)
+        f.write(np.zeros(1, np.int64).tobytes())
+        _write_doc_indices(f, length_parts)
 
 
 def merge_shards(shards: list[Path], out_prefix: str | Path, dtype: type) -> None:
@@ -168,14 +188,16 @@ def merge_shards(shards: list[Path], out_prefix: str | Path, dtype: type) -> Non
 
     Memory holds one shard's lengths at a time (twice: once for lengths, once for pointers).
     """
-    num_seq = sum(read_header(s).num_sequences for s in shards)
+    heads = [read_header(s) for s in shards]
+    num_seq = sum(h.num_sequences for h in heads)
+    num_docs = sum(h.num_doc_indices - 1 for h in heads)
     itemsize = np.dtype(dtype).itemsize
     with open(bin_path(out_prefix), "wb") as out:
         for s in shards:
             with open(bin_path(s), "rb") as f:
                 shutil.copyfileobj(f, out, 16 << 20)
     with open(idx_path(out_prefix), "wb") as f:
-        _write_header(f, dtype, num_seq, num_seq + 1)
+        _write_header(f, dtype, num_seq, num_docs + 1)
         for s in shards:
             f.write(read_lengths(s).tobytes())
         base = 0
@@ -183,4 +205,8 @@ def merge_shards(shards: list[Path], out_prefix: str | Path, dtype: type) -> Non
             lengths = read_lengths(s)
             f.write(_pointers(lengths, itemsize, base).tobytes())
             base += int(np.sum(lengths, dtype=np.int64)) * itemsize
-        _write_doc_indices(f, num_seq + 1)
+        f.write(np.zeros(1, np.int64).tobytes())
+        seq_base = 0
+        for s, head in zip(shards, heads, strict=True):
+            f.write((read_doc_indices(s)[1:] + seq_base).tobytes())
+            seq_base += head.num_sequences

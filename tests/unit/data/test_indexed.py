@@ -70,3 +70,30 @@ def test_read_header_rejects_garbage(tmp_path: Path) -> None:
     (tmp_path / "bad.idx").write_bytes(b"not an index at all, clearly")
     with pytest.raises(ValueError, match="bad magic"):
         indexed.read_header(tmp_path / "bad")
+
+
+def test_empty_documents_match_megatron_builder_across_shards(tmp_path: Path) -> None:
+    """A document without tokens is a document-index entry and no sequence, as megatron-core's
+    builder records `add_document([], [])` (what Megatron-LM's preprocess_data.py does for an
+    empty text); merged shards give the same bytes as one builder pass."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    docs = _docs(2, 12, 5000)
+    for i in (0, 3, 4, 11):
+        docs[i] = np.zeros(0, np.int64)
+    builder = IndexedDatasetBuilder(str(tmp_path / "mc.bin"), dtype=np.uint16)
+    for d in docs:
+        builder.add_document(d, [len(d)] if len(d) else [])
+    builder.finalize(str(tmp_path / "mc.idx"))
+    shards = [tmp_path / f"s{i}" for i in range(3)]
+    for s, part in zip(shards, (docs[:4], docs[4:5], docs[5:]), strict=True):
+        _write(s, part, np.uint16)
+    indexed.merge_shards(shards, tmp_path / "merged", np.uint16)
+    _write(tmp_path / "single", docs, np.uint16)
+    for name in ("merged", "single"):
+        for suffix in (".bin", ".idx"):
+            ours = (tmp_path / f"{name}{suffix}").read_bytes()
+            assert ours == (tmp_path / f"mc{suffix}").read_bytes(), (name, suffix)
+    ds = IndexedDataset(str(tmp_path / "merged"))
+    assert len(ds) == 8 and len(ds.document_indices) == 13
+    assert list(ds.document_indices[:6]) == [0, 0, 1, 2, 2, 2]
