@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# W&B tracking (on by default when wandb is installed) is tested on its own in
+# tests/unit/train/test_wandb.py; every other run, in-process or in rank processes that inherit
+# this environment, leaves it off.
+os.environ.setdefault("LLMCTL_WANDB", "off")
 
 
 def _cuda_available() -> bool:

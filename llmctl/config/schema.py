@@ -160,6 +160,22 @@ class PrecisionConfig:
     fp8_amax_history_len: int = doc(1024, "Amax history length for delayed scaling.")
 
 
+class WandbMode(StrEnum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass(kw_only=True)
+class WandbConfig:
+    """Weights & Biases tracking (needs the `track` extra); one W&B run per llmctl run."""
+
+    project: str = doc("llmctl", "W&B project.")
+    entity: str | None = doc(None, "W&B entity (user or team); None = the account's default.")
+    mode: WandbMode = doc(WandbMode.offline, "offline (sync later), online or disabled.")
+    tags: list[str] = doc(factory=list, text="Tags added to the W&B run.")
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """Optimisation schedule and run bookkeeping."""
@@ -178,6 +194,7 @@ class TrainConfig:
     clip_grad: float = doc(1.0, "Gradient-norm clipping threshold.")
     seed: int = doc(1234, "Random seed.")
     log_interval: int = doc(1, "Steps between metric records.")
+    wandb: WandbConfig = doc(factory=WandbConfig, text="Weights & Biases tracking.")
     eval_interval: int = doc(25, "Steps between validation passes; 0 = never.")
     eval_iters: int = doc(2, "Validation batches per pass.")
     run_dir: str | None = doc(None, "Run directory; None = runs/<recipe>-<UTC timestamp>.")

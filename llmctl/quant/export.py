@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.train.ckpt_safe import weights_only_loads
 
@@ -61,10 +62,6 @@ class RunCheckpoint:
     model: Any  # cfg.model of the run
     tokenizer: Path | None
     data_prefix: str | None
-
-
-def _v(x: Any) -> str:
-    return str(getattr(x, "value", x))
 
 
 def _run_data(cfg: Any) -> tuple[str | None, str | None]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.train import ckpt_store as store
 
@@ -76,10 +77,6 @@ class _Pending:
     started: float
     committed: bool | None = None
     error: str | None = None
-
-
-def _v(x: Any) -> str:
-    return str(getattr(x, "value", x))
 
 
 def _unwrap(module: Any) -> Any:

@@ -13,15 +13,17 @@ MFU = achieved model FLOP/s per device / the device's dense peak for the compute
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from llmctl.config.values import enum_value as _v
 
-def _v(x: Any) -> str:
-    return str(getattr(x, "value", x))
+WANDB_ID_FILE = "wandb_run_id"
 
 
 def flops_per_token(model: Any) -> float:
@@ -158,3 +160,64 @@ def steady_state_step_s(step_times_s: list[float]) -> float:
     times = sorted(step_times_s[skip:])
     mid = len(times) // 2
     return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+
+
+def wandb_state(cfg: Any) -> str | None:
+    """Why W&B tracking is off (one sentence), or None when it will run."""
+    if os.environ.get("LLMCTL_WANDB", "auto") == "off":
+        return "W&B tracking off (LLMCTL_WANDB=off); metrics in metrics.jsonl only"
+    if _v(cfg.train.wandb.mode) == "disabled":
+        return "W&B tracking off (train.wandb.mode=disabled); metrics in metrics.jsonl only"
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        return (
+            "W&B tracking off: wandb is not installed (pip install 'llmctl[track]'); "
+            "metrics in metrics.jsonl only"
+        )
+    return None
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B run id of this llmctl run: made once, kept in RUN_DIR/wandb_run_id, so every
+    resume continues the same W&B run."""
+    path = run_dir / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    import secrets
+    import string
+
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(run_id + "\n")
+    tmp.replace(path)
+    return run_id
+
+
+def start_wandb(cfg: Any, run_dir: Path, log: logging.Logger) -> Any:
+    """Start (or continue, after a resume) the W&B run of `run_dir`; None when off, said in
+    one log line either way."""
+    off = wandb_state(cfg)
+    if off is not None:
+        log.info(off)
+        return None
+    import wandb
+    import yaml
+
+    from llmctl.config import cfg_to_yaml
+
+    w = cfg.train.wandb
+    run_id = wandb_run_id(run_dir)
+    run = wandb.init(
+        project=w.project,
+        entity=w.entity,
+        tags=list(w.tags) or None,
+        id=run_id,
+        resume="allow",
+        name=run_dir.name,
+        dir=str(run_dir),
+        mode=_v(w.mode),  # type: ignore[arg-type]
+        config=yaml.safe_load(cfg_to_yaml(cfg)),
+    )
+    log.info("W&B run %s (%s) in %s/wandb", run_id, _v(w.mode), run_dir)
+    return run

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from llmctl.config.values import enum_value as _v
 from llmctl.train.layout import TrainLayout, resolve_layout
 from llmctl.train.loop import Checkpointer, Trainer, TrainResult
 from llmctl.train.metrics import (
@@ -23,15 +24,12 @@ from llmctl.train.metrics import (
     flops_per_token,
     peak_tflops_for,
     perf_markdown,
+    start_wandb,
     steady_state_step_s,
     write_perf,
 )
 
 log = logging.getLogger("llmctl.train")
-
-
-def _v(x: Any) -> str:
-    return str(getattr(x, "value", x))
 
 
 def _mem_gib(on_gpu: bool) -> float | None:
@@ -90,7 +88,7 @@ class _Observer:
         mem_label = "GPU mem GiB" if on_gpu else "host RSS GiB"
         title = f"llmctl train: {cfg.recipe or cfg.model.name}"
         self.panel = Panel(title, self.total, mem_label, live=None if self.rank0 else False)
-        self.wandb = _start_wandb(cfg, run_dir) if self.rank0 else None
+        self.wandb = start_wandb(cfg, run_dir, log) if self.rank0 else None
 
     def step(
         self,
@@ -164,29 +162,6 @@ class _Observer:
             self.metrics.close()
         if self.wandb is not None:
             self.wandb.finish()
-
-
-def _start_wandb(cfg: Any, run_dir: Path) -> Any:
-    """Weights & Biases run (offline unless WANDB_MODE says otherwise); None if not installed."""
-    import os
-
-    if os.environ.get("LLMCTL_WANDB", "auto") == "off":
-        return None
-    try:
-        import wandb
-    except ImportError:
-        return None
-    import yaml
-
-    from llmctl.config import cfg_to_yaml
-
-    return wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "llmctl"),
-        name=run_dir.name,
-        dir=str(run_dir),
-        mode=os.environ.get("WANDB_MODE", "offline"),
-        config=yaml.safe_load(cfg_to_yaml(cfg)),
-    )
 
 
 def train(
