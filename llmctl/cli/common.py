@@ -8,6 +8,10 @@ Usage in a command::
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -70,3 +74,54 @@ def compose_from_cli(
 
     recipe, overrides = split_recipe(args, default_recipe)
     return compose(recipe, overrides + flag_overrides(**flags), cluster_file=cluster_file)
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutFlags:
+    """The ten layout flags, declared once for plan, train and resume (see `layout_flags`)."""
+
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    dp: int | None = None
+    mbs: int | None = None
+    gbs: int | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+
+    def overrides(self) -> list[str]:
+        """Hydra overrides of the flags that were given (`parallel.tp=2`, ...)."""
+        from llmctl.config import flag_overrides
+
+        return flag_overrides(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+_LAYOUT_OPTIONS: dict[str, object] = {
+    "tp": TpOpt, "pp": PpOpt, "vpp": VppOpt, "cp": CpOpt, "ep": EpOpt, "dp": DpOpt,
+    "mbs": MbsOpt, "gbs": GbsOpt, "nodes": NodesOpt, "gpus_per_node": GpusOpt,
+}  # fmt: skip
+
+
+def layout_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the ten layout options; it receives them as `layout: LayoutFlags`.
+
+    Typer reads a command's signature, so the wrapper's signature lists the command's own
+    parameters (without `layout`) followed by the ten options.
+    """
+    sig = inspect.signature(command, eval_str=True)
+    own = [p for name, p in sig.parameters.items() if name != "layout"]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=opt)
+        for name, opt in _LAYOUT_OPTIONS.items()
+    ]
+
+    @functools.wraps(command)
+    def wrapper(*args: object, **kwargs: object) -> None:
+        values = {name: kwargs.pop(name, None) for name in _LAYOUT_OPTIONS}
+        command(*args, layout=LayoutFlags(**values), **kwargs)  # type: ignore[arg-type]
+
+    wrapper.__signature__ = sig.replace(parameters=own + added)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
+    return wrapper

@@ -1,4 +1,4 @@
-"""`llmctl resume RUN_DIR [key=value ...] [--dry-run] [--json]`: continue from a checkpoint."""
+"""`llmctl resume RUN_DIR [key=value ...] [--tp N ...] [--dry-run] [--json]`: continue a run."""
 
 from __future__ import annotations
 
@@ -6,38 +6,51 @@ from typing import Annotated
 
 import typer
 
-from llmctl.cli.common import DryRunOpt, JsonOpt
+from llmctl.cli.common import ClusterFileOpt, DryRunOpt, JsonOpt, LayoutFlags, layout_flags
+from llmctl.cli.train import ForceAliasOpt, IgnoreFitOpt, RestartOpt
 
 RunDirArg = Annotated[str, typer.Argument(help="Run directory written by `llmctl train`.")]
 OverridesArg = Annotated[
     list[str] | None,
     typer.Argument(help="Overrides on the saved config, e.g. train.train_iters=200 parallel.tp=2."),
 ]
-ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Launch even if the plan predicts the layout won't fit.")
-]
 
 
+@layout_flags
 def resume(
     run_dir: RunDirArg,
     overrides: OverridesArg = None,
     dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
+    ignore_fit: IgnoreFitOpt = False,
+    force: ForceAliasOpt = False,
+    restart_from_scratch: RestartOpt = False,
     as_json: JsonOpt = False,
+    cluster_file: ClusterFileOpt = None,
+    *,
+    layout: LayoutFlags,
 ) -> None:
-    """Resume RUN_DIR from its newest complete checkpoint (same launch path as `llmctl train`).
+    """Resume RUN_DIR from its newest valid checkpoint (same launch path as `llmctl train`).
 
-    Example: llmctl resume runs/tiny_cpu-20261130T041500Z train.train_iters=100 --tp 1
+    Every checkpoint is checked (checksums included) and the overrides are checked against
+    the one that will load before anything starts.
+
+    Example: llmctl resume runs/tiny_cpu-20261130T041500Z train.train_iters=100 --dp 2
     """
-    from llmctl.cli.train import _print_dry_run, _print_result
+    from llmctl.cli.train import print_dry_run, print_result
     from llmctl.launch.api import execute_train
-    from llmctl.train.ckpt_resume import prepare_resume
+    from llmctl.launch.ckpt_resume import prepare_resume
 
-    launch = prepare_resume(run_dir, list(overrides or []), force=force)
+    launch = prepare_resume(
+        run_dir,
+        [*(overrides or []), *layout.overrides()],
+        cluster_file=cluster_file,
+        ignore_fit=ignore_fit or force,
+        restart_from_scratch=restart_from_scratch,
+    )
     if dry_run:
-        _print_dry_run(launch, as_json)
+        print_dry_run(launch, as_json)
         return
     result = execute_train(launch)
-    _print_result(result, as_json)
+    print_result(result, as_json)
     if result.get("exit_code"):
         raise typer.Exit(int(result["exit_code"]))

@@ -7,108 +7,115 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.syntax import Syntax
 
 from llmctl.cli.common import (
     ClusterFileOpt,
-    CpOpt,
-    DpOpt,
     DryRunOpt,
-    EpOpt,
-    GbsOpt,
-    GpusOpt,
     JsonOpt,
-    MbsOpt,
-    NodesOpt,
-    PpOpt,
+    LayoutFlags,
     RecipeArgs,
-    TpOpt,
-    VppOpt,
+    layout_flags,
     split_recipe,
 )
 
-ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Launch even if the plan predicts the layout won't fit.")
+IgnoreFitOpt = Annotated[
+    bool,
+    typer.Option("--ignore-fit", help="Launch even if the plan predicts the layout won't fit."),
+]
+# `--force` meant --ignore-fit until 0.1; kept hidden for one release (--force now means
+# "overwrite" in every command that writes an output).
+ForceAliasOpt = Annotated[bool, typer.Option("--force", hidden=True)]
+RestartOpt = Annotated[
+    bool,
+    typer.Option(
+        "--restart-from-scratch",
+        help="If every checkpoint of the run directory is invalid, start over at step 1 "
+        "(they are moved to checkpoints/invalid/) instead of refusing.",
+    ),
 ]
 
 
+@layout_flags
 def train(
     args: RecipeArgs = None,
     dry_run: DryRunOpt = False,
-    force: ForceOpt = False,
+    ignore_fit: IgnoreFitOpt = False,
+    force: ForceAliasOpt = False,
+    restart_from_scratch: RestartOpt = False,
     as_json: JsonOpt = False,
     cluster_file: ClusterFileOpt = None,
-    tp: TpOpt = None,
-    pp: PpOpt = None,
-    vpp: VppOpt = None,
-    cp: CpOpt = None,
-    ep: EpOpt = None,
-    dp: DpOpt = None,
-    mbs: MbsOpt = None,
-    gbs: GbsOpt = None,
-    nodes: NodesOpt = None,
-    gpus_per_node: GpusOpt = None,
+    *,
+    layout: LayoutFlags,
 ) -> None:
     """Train a recipe with megatron-core: locally (torchrun), over ssh (hostfile) or on SLURM.
 
     Example: llmctl train recipe=tiny_cpu launcher=slurm --dp 2 --dry-run
     """
-    from llmctl.config import flag_overrides
     from llmctl.launch.api import execute_train, prepare_train
 
     recipe, overrides = split_recipe(args)
-    flags = flag_overrides(
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        dp=dp,
-        mbs=mbs,
-        gbs=gbs,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
+    launch = prepare_train(
+        recipe,
+        overrides + layout.overrides(),
+        cluster_file=cluster_file,
+        force=ignore_fit or force,
+        restart_from_scratch=restart_from_scratch,
     )
-    launch = prepare_train(recipe, overrides + flags, cluster_file=cluster_file, force=force)
     if dry_run:
-        _print_dry_run(launch, as_json)
+        print_dry_run(launch, as_json)
         return
     # With --json, stdout carries only the JSON result; the run's output goes to stderr.
     result = execute_train(launch, echo=sys.stderr if as_json else None)
-    _print_result(result, as_json)
+    print_result(result, as_json)
     if result.get("exit_code"):
         raise typer.Exit(int(result["exit_code"]))
 
 
-def _print_dry_run(launch: Any, as_json: bool) -> None:
+def print_dry_run(launch: Any, as_json: bool) -> None:
+    """Print what a launch would run. Text form: plain stdout, commands and sbatch verbatim.
+
+    Nothing goes through rich here: a wrapped line is a different shell command, so the
+    commands, the sbatch script and the config are printed byte for byte (`bash -n` accepts
+    the captured sbatch section at any terminal width).
+    """
     from llmctl.config import cfg_to_yaml
 
     if as_json:
         typer.echo(json.dumps({**launch.describe(), "config": cfg_to_yaml(launch.cfg)}, indent=2))
         return
+    typer.echo(dry_run_text(launch), nl=False)
+
+
+def dry_run_text(launch: Any) -> str:
+    """The text form of `--dry-run`: a summary line, then one `# --- name ---` section each."""
+    from llmctl.config import cfg_to_yaml
     from llmctl.launch.local import shell_line
 
-    console = Console()
     lay = launch.layout
-    console.print(
-        f"[bold]dry run[/bold]: launcher={launch.kind}, run dir {launch.run_dir} (not created), "
+    lines = [
+        f"dry run: launcher={launch.kind}, run dir {launch.run_dir} (not created), "
         f"layout TP={lay.tp} PP={lay.pp} CP={lay.cp} DP={lay.dp} (world {lay.world_size})"
-    )
+    ]
+    point = launch.resume_point
+    if point is not None:
+        start = f"checkpoint of step {point.step}" if point.step is not None else "step 1"
+        lines.append(f"resume: from {start}")
+        lines += [f"  invalid, moved aside on launch: {v.path} ({v.reason})" for v in point.invalid]
     if launch.kind == "local":
-        console.print(shell_line(launch.argv, launch.env), markup=False, soft_wrap=True)
+        lines += ["# --- command ---", shell_line(launch.argv, launch.env)]
     for node in launch.nodes:
-        console.print(f"# node {node.node_rank} on {node.host}", markup=False)
-        console.print(shell_line(list(node.ssh_argv), {}), markup=False, soft_wrap=True)
+        lines += [
+            f"# --- node {node.node_rank} on {node.host} ---",
+            shell_line(list(node.ssh_argv), {}),
+        ]
     if launch.sbatch:
-        console.print(Syntax(launch.sbatch, "bash", word_wrap=True))
-    console.print("[bold]resolved config[/bold]")
-    console.print(Syntax(cfg_to_yaml(launch.cfg), "yaml"))
-    console.print("[bold]plan[/bold]")
-    console.print_json(json.dumps(launch.plan or {}, default=str))
+        lines += ["# --- sbatch script ---", launch.sbatch.rstrip("\n")]
+    lines += ["# --- resolved config ---", cfg_to_yaml(launch.cfg).rstrip("\n")]
+    lines += ["# --- plan ---", json.dumps(launch.plan or {}, indent=2, default=str)]
+    return "\n".join(lines) + "\n"
 
 
-def _print_result(result: dict[str, Any], as_json: bool) -> None:
+def print_result(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     elif "job_id" in result:

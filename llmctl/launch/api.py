@@ -21,8 +21,6 @@ from llmctl.errors import UserError
 from llmctl.launch.hostfile import read_hostfile
 
 LAUNCH_FILE = "launch.json"
-# Optimizer shardings llmctl.train implements (train/optim.py refuses FSDP, "full").
-RUNNER_SHARDINGS = ("none", "distributed")
 
 
 @dataclass(kw_only=True)
@@ -38,6 +36,7 @@ class TrainLaunch:
     env: dict[str, str] = field(default_factory=dict)
     nodes: list[Any] = field(default_factory=list)
     sbatch: str = ""
+    resume_point: Any = None  # launch.ckpt_resume.ResumePoint for an existing run directory
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: what would run (the --dry-run/--json view)."""
@@ -48,6 +47,8 @@ class TrainLaunch:
             "world_size": self.layout.world_size,
             "plan": self.plan,
         }
+        if self.resume_point is not None:
+            out["resume"] = self.resume_point.as_dict()
         if self.kind == "local":
             out["command"] = self.argv
             out["env"] = self.env
@@ -69,20 +70,36 @@ class TrainLaunch:
 
 
 def prepare_train(
-    recipe: str, overrides: list[str], *, cluster_file: str | None = None, force: bool = False
+    recipe: str,
+    overrides: list[str],
+    *,
+    cluster_file: str | None = None,
+    force: bool = False,
+    restart_from_scratch: bool = False,
 ) -> TrainLaunch:
     """Compose, plan-check, resolve the layout and render the launch (starts nothing).
 
+    Args:
+        recipe: Recipe name or YAML path (a run's config.yaml for `resume`).
+        overrides: Hydra overrides.
+        cluster_file: Cluster description replacing the recipe's cluster.
+        force: Launch even if the plan predicts the layout won't fit (`--ignore-fit`).
+        restart_from_scratch: In an existing run directory whose checkpoints are all invalid,
+            start over at step 1 instead of refusing.
+
     Raises:
         UserError: Bad config, a layout predicted not to fit (unless forced), a layout the
-            world size cannot hold, a malformed hostfile or launcher value.
+            world size cannot hold, a malformed hostfile or launcher value, an existing run
+            directory whose checkpoints are all invalid or do not match the config.
     """
     from llmctl.config import compose
+    from llmctl.launch.ckpt_resume import inspect_run_dir
     from llmctl.train.layout import resolve_layout
-    from llmctl.train.rundir import default_run_dir
+    from llmctl.train.rundir import absolute_paths, default_run_dir
 
     cfg = compose(recipe, overrides, cluster_file=cluster_file)
     cfg.train.force = bool(force or cfg.train.force)
+    absolute_paths(cfg)
     _early_checks(cfg)
     plan = plan_check(cfg, force=cfg.train.force)
     layout = resolve_layout(cfg, None, plan.get("layout"))
@@ -91,6 +108,7 @@ def prepare_train(
     launch = TrainLaunch(
         cfg=cfg, kind=str(cfg.launcher.kind), run_dir=run_dir, layout=layout, plan=plan
     )
+    launch.resume_point = inspect_run_dir(cfg, layout, restart_from_scratch=restart_from_scratch)
     _render(launch)
     return launch
 
@@ -134,9 +152,9 @@ def _render(launch: TrainLaunch) -> None:
 def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
     """Plan the configured layout; refuse a predicted misfit unless forced.
 
-    Only optimizer shardings the runner implements are searched (RUNNER_SHARDINGS). On CPU
-    clusters ranks are processes, so `cluster.gpus_per_node` follows the ranks the run asks for
-    (an explicit layout with `parallel.dp`, else `launcher.nproc_per_node`) before planning.
+    Only optimizer shardings the runner implements are searched (`layout.runner_shardings`).
+    On CPU clusters ranks are processes, so `cluster.gpus_per_node` follows the ranks the run
+    asks for before planning (`layout.cpu_ranks_follow_layout`).
 
     Returns:
         The plan dict recorded in plan.json: the chosen layout and its predictions.
@@ -147,17 +165,10 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
             a sharding the runner does not implement.
     """
     from llmctl.config.planning import plan_config
+    from llmctl.train.layout import cpu_ranks_follow_layout, runner_shardings
 
-    _cpu_ranks_follow_layout(cfg)
-    asked = cfg.parallel.optimizer_sharding
-    if asked is not None and str(asked) not in RUNNER_SHARDINGS:
-        raise UserError(
-            f"parallel.optimizer_sharding={asked} is not supported by llmctl train; use "
-            f"{' or '.join(RUNNER_SHARDINGS)}"
-        )
-    results = [
-        plan_config(_with_sharding(cfg, s)) for s in ([asked] if asked else RUNNER_SHARDINGS)
-    ]
+    cpu_ranks_follow_layout(cfg)
+    results = [plan_config(_with_sharding(cfg, s)) for s in runner_shardings(cfg)]
     fitting = [(r, r.best) for r in results if r.best is not None]
     if fitting:
         result, best = min(fitting, key=lambda pair: pair[1].time.total_s)
@@ -182,18 +193,6 @@ def _with_sharding(cfg: Any, sharding: Any) -> Any:
     out = copy.deepcopy(cfg)
     out.parallel.optimizer_sharding = OptimizerSharding(str(sharding))
     return out
-
-
-def _cpu_ranks_follow_layout(cfg: Any) -> None:
-    if cfg.cluster.device != "cpu":
-        return
-    p, nodes = cfg.parallel, cfg.cluster.num_nodes
-    if p.dp is not None:
-        world = (p.tp or 1) * (p.pp or 1) * (p.cp or 1) * p.dp
-        if world % nodes == 0:
-            cfg.cluster.gpus_per_node = world // nodes
-    elif cfg.launcher.nproc_per_node:
-        cfg.cluster.gpus_per_node = int(cfg.launcher.nproc_per_node)
 
 
 def _plan_dict(result: Any, ev: Any) -> dict[str, Any]:
@@ -238,11 +237,13 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
     Returns:
         {"kind", "run_dir", and "exit_code" (local/torchrun) or "job_id" (slurm)}.
     """
+    from llmctl.launch.ckpt_resume import accept_run_dir
     from llmctl.train.preflight import preflight
     from llmctl.train.rundir import create_run_dir
 
     check_launcher(launch)
     preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"))
+    accept_run_dir(launch.resume_point)  # the launch is accepted: invalid checkpoints aside
     create_run_dir(launch.cfg, launch.plan)
     shown = {k: v for k, v in launch.describe().items() if k in ("command", "nodes")}
     record = {"kind": launch.kind, "run_dir": str(launch.run_dir), "started": time.time()}

@@ -47,6 +47,7 @@ RNG_DIR = "rng"
 TMP_PREFIX = ".tmp-"
 DEL_PREFIX = ".del-"
 RANK_MARKER = ".rank-{rank}.json"
+INVALID_DIR = "invalid"  # checkpoints/invalid/: checkpoints set aside, never deleted
 _ITER_RE = re.compile(r"^iter_(\d+)$")
 _CHUNK_BYTES = 8 << 20
 
@@ -181,8 +182,8 @@ def commit(ckpt_root: Path, tmp_dir: Path, step: int, manifest: dict[str, Any]) 
     for marker in tmp_dir.glob(".rank-*.json"):
         marker.unlink()
     final = ckpt_root / iter_name(step)
-    if final.exists():  # an older save of the same step (e.g. after a resume): replace it
-        remove_checkpoint(final)
+    if final.exists():  # a same-step save the ranks skipped as invalid: keep it as evidence
+        move_aside(final, f"replaced by a new save of step {step}")
     os.rename(tmp_dir, final)
     fsync_dir(ckpt_root)
     atomic_write(ckpt_root / LATEST, f"{step}\n".encode())
@@ -415,3 +416,20 @@ def describe_checkpoints(run_dir: str | Path, *, full: bool = True) -> list[dict
             }
         )
     return rows
+
+
+def move_aside(ckpt_dir: Path, reason: str) -> Path:
+    """Move a checkpoint into `checkpoints/invalid/` with a note of why; it is never deleted.
+
+    Retention and loading only see `iter_N` directories directly under `checkpoints/`, so a
+    checkpoint moved here is neither loaded nor removed. Returns the new path.
+    """
+    dest_root = ckpt_dir.parent / INVALID_DIR
+    dest_root.mkdir(exist_ok=True)
+    dest = dest_root / ckpt_dir.name
+    if dest.exists():
+        dest = dest_root / f"{ckpt_dir.name}-{time.time_ns()}"
+    os.rename(ckpt_dir, dest)
+    fsync_dir(ckpt_dir.parent)
+    dest.with_name(f"{dest.name}.reason.txt").write_text(reason + "\n")
+    return dest

@@ -13,6 +13,9 @@ from typing import Any
 
 from llmctl.errors import UserError
 
+# Optimizer shardings llmctl.train implements (train/optim.py refuses FSDP, "full").
+RUNNER_SHARDINGS = ("none", "distributed")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainLayout:
@@ -112,7 +115,7 @@ def resolve_layout(
         dp=dp,
         micro_batch_size=int(_pick(p.micro_batch_size, planned, "micro_batch_size", 1)),
         global_batch_size=int(cfg.train.global_batch_size),
-        sequence_parallel=bool(_pick(p.sequence_parallel, planned, "sequence_parallel", False)),
+        sequence_parallel=_sequence_parallel(cfg, planned, tp),
         recompute=_enum_value(_pick(p.recompute, planned, "recompute", "none")),
         optimizer_sharding=_enum_value(
             _pick(p.optimizer_sharding, planned, "optimizer_sharding", "none")
@@ -120,6 +123,74 @@ def resolve_layout(
     )
     check_layout_fits_model(layout, cfg.model)
     return layout
+
+
+def _sequence_parallel(cfg: Any, planned: dict[str, Any], tp: int) -> bool:
+    """Sequence parallelism: the config's, else the plan's; always off on CPU clusters.
+
+    Raises:
+        UserError: `parallel.sequence_parallel=true` with TP > 1 on a CPU cluster.
+    """
+    explicit = cfg.parallel.sequence_parallel
+    if str(cfg.cluster.device) != "cpu" or (explicit and tp == 1):
+        return bool(_pick(explicit, planned, "sequence_parallel", False))
+    if explicit:
+        raise UserError(
+            "parallel.sequence_parallel=true needs GPUs: llmctl's CPU layer runs tensor "
+            "parallelism without it; remove the override (TP still works on CPU)"
+        )
+    return False
+
+
+def cpu_ranks_follow_layout(cfg: Any) -> None:
+    """On a CPU cluster ranks are processes: size `cluster.gpus_per_node` to the layout asked.
+
+    `--dp N` asks for TP*PP*CP*N ranks; `launcher.nproc_per_node` for that many per node;
+    otherwise `--tp/--pp/--cp` ask for at least TP*PP*CP ranks (DP 1), so `--tp 2` makes two
+    ranks as `--dp 2` does. No-op on GPU clusters.
+    """
+    if str(cfg.cluster.device) != "cpu":
+        return
+    p, c = cfg.parallel, cfg.cluster
+    model_parallel = (p.tp or 1) * (p.pp or 1) * (p.cp or 1)
+    if p.dp is not None:
+        world = model_parallel * p.dp
+    elif cfg.launcher.nproc_per_node:
+        world = int(cfg.launcher.nproc_per_node) * c.num_nodes
+    elif (c.gpus_per_node * c.num_nodes) % model_parallel:
+        world = model_parallel
+    else:
+        return
+    if world % c.num_nodes == 0:
+        c.gpus_per_node = world // c.num_nodes
+
+
+def runner_shardings(cfg: Any) -> tuple[str, ...]:
+    """Optimizer shardings the plan may choose for a training run.
+
+    On CPU (megatron-core's torch-Adam path) a distributed-optimizer checkpoint does not
+    reload, so with checkpointing on only "none" is searched, and an explicit "distributed"
+    is refused here rather than by every rank at start.
+
+    Raises:
+        UserError: A sharding the runner does not implement, or the CPU case above.
+    """
+    asked = cfg.parallel.optimizer_sharding
+    if asked is not None and str(asked) not in RUNNER_SHARDINGS:
+        raise UserError(
+            f"parallel.optimizer_sharding={asked} is not supported by llmctl train; use "
+            f"{' or '.join(RUNNER_SHARDINGS)}"
+        )
+    cpu_checkpoints = str(cfg.cluster.device) == "cpu" and cfg.checkpoint.interval > 0
+    if asked is None:
+        return ("none",) if cpu_checkpoints else RUNNER_SHARDINGS
+    if cpu_checkpoints and str(asked) == "distributed":
+        raise UserError(
+            "parallel.optimizer_sharding=distributed cannot be checkpointed on CPU "
+            "(megatron-core's torch-Adam path does not reload it); use "
+            "parallel.optimizer_sharding=none or checkpoint.interval=0"
+        )
+    return (str(asked),)
 
 
 def check_layout_fits_model(layout: TrainLayout, model: Any) -> None:

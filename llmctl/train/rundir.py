@@ -16,15 +16,50 @@ Pure Python (no torch): the launcher calls `create_run_dir` before starting proc
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from llmctl.errors import UserError
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
+
+
+def require_run_dir(path: str | Path) -> Path:
+    """Return `path` resolved if it is a run directory; the one "not a run directory" error.
+
+    Every command that takes a run directory (resume, checkpoints, export, quantize, status,
+    logs) calls this, so the condition is worded one way.
+
+    Raises:
+        UserError: `path` holds no config.yaml.
+    """
+    run_dir = Path(path).expanduser()
+    if not (run_dir / CONFIG_FILE).is_file():
+        what = "does not exist" if not run_dir.exists() else f"has no {CONFIG_FILE}"
+        raise UserError(f"{path} is not a run directory ({what}); start one with `llmctl train`")
+    return run_dir.resolve()
+
+
+def absolute_paths(cfg: Any) -> None:
+    """Make the file paths of a config absolute (relative ones are taken from the cwd).
+
+    Called when a run is created, so its config.yaml works from any directory and after the
+    run directory is moved: data.prefixes, data.tokenizer, data.cache_dir, launcher.hostfile.
+    """
+
+    def fix(value: str | None) -> str | None:
+        return None if not value else os.path.abspath(os.path.expanduser(value))
+
+    cfg.data.prefixes = [fix(p) for p in cfg.data.prefixes]
+    cfg.data.tokenizer = fix(cfg.data.tokenizer)
+    cfg.data.cache_dir = fix(cfg.data.cache_dir)
+    cfg.launcher.hostfile = fix(cfg.launcher.hostfile)
 
 
 def default_run_dir(recipe: str, now: datetime | None = None, root: Path = Path("runs")) -> Path:

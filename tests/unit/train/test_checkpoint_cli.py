@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from test_checkpoint_store import _fake_checkpoint
 from typer.testing import CliRunner
 
@@ -46,26 +45,4 @@ def test_checkpoints_table_and_missing_dir(tmp_path: Path) -> None:
     assert runner.invoke(app, ["checkpoints", str(tmp_path / "nope")]).exit_code == 2
 
 
-def test_resume_dry_run_applies_overrides(tmp_path: Path) -> None:
-    run = _run_dir(tmp_path)
-    _fake_checkpoint(run / "checkpoints", 5)
-    result = runner.invoke(app, ["resume", str(run), "train.train_iters=40", "--dry-run", "--json"])
-    assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
-    assert out["run_dir"] == str(run.resolve())
-    assert "train_iters: 40" in out["config"] and "recipe: tiny_cpu" in out["config"]
-
-
-def test_resume_refuses_without_checkpoint_or_config(tmp_path: Path) -> None:
-    from llmctl.errors import UserError
-    from llmctl.train.ckpt_resume import prepare_resume
-
-    run = _run_dir(tmp_path)
-    assert runner.invoke(app, ["resume", str(run), "--dry-run"]).exit_code == 2
-    with pytest.raises(UserError, match="no complete checkpoint"):
-        prepare_resume(run, [])
-    with pytest.raises(UserError, match="not a run directory"):
-        prepare_resume(tmp_path, [])
-    _fake_checkpoint(run / "checkpoints", 1)
-    with pytest.raises(UserError, match=r"cannot change train\.run_dir"):
-        prepare_resume(run, ["train.run_dir=/elsewhere"])
+# `llmctl resume` is tested with real checkpoints in tests/unit/launch/test_reentry.py.
