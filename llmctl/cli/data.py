@@ -1,16 +1,23 @@
-"""`llmctl data preprocess|dedup|tokenizer train|corpus|demo`: the data path into training."""
+"""`llmctl data preprocess|dedup|tokenizer train|corpus|demo`: the data path into training.
+
+Thin: each command parses its options, makes one call into `llmctl.data.commands` and renders
+the result. Every output location is `--out/-o` (the old `--output-dir`, `--output-prefix` and
+the corpus positional still work, hidden, for one release); `--force` is the only way to
+replace earlier outputs, and then only llmctl's own.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
-import time
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from llmctl.data.choices import DedupMode, Launcher, Unit, Verify
+from llmctl.data.readers import OnError
+from llmctl.data.tokenizer import TokenizerKind
 
 app = typer.Typer(
     help="Preprocess text into Megatron's indexed format, deduplicate it, train tokenizers.",
@@ -27,30 +34,32 @@ TextFieldOpt = Annotated[
     str, typer.Option("--text-field", help="JSONL key or Parquet column holding the text.")
 ]
 WorkersOpt = Annotated[
-    int, typer.Option("--workers", "-j", help="Worker processes (0: one per CPU core).")
+    int,
+    typer.Option("--workers", "-j", help="Worker processes (0: one per core; capped at cores)."),
 ]
 OnErrorOpt = Annotated[
-    str, typer.Option("--on-error", help="Bad documents: fail (default) or skip and count.")
+    OnError, typer.Option("--on-error", help="Bad documents: fail, or skip and count them.")
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option("--force", help="Replace llmctl's earlier outputs there (other files are kept)."),
+]
+LauncherOpt = Annotated[
+    Launcher, typer.Option("--launcher", help="local (this machine) or slurm (array job).")
+]
+PartitionOpt = Annotated[
+    str | None, typer.Option("--partition", help="SLURM partition (launcher slurm).")
+]
+MaxParallelOpt = Annotated[
+    int | None, typer.Option("--max-parallel", help="SLURM: array tasks running at once.")
+]
+PrintScriptOpt = Annotated[
+    bool, typer.Option("--print-script", help="With slurm: print the sbatch scripts only.")
 ]
 
 
-def _progress(enabled: bool, label: str) -> tuple[Progress, Any]:
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[rates]}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-        transient=False,
-    )
-    return progress, progress.add_task(label, total=None, rates="")
-
-
-def _rates(start: float, docs: int, tokens: int | None, num_bytes: int) -> str:
-    t = max(time.perf_counter() - start, 1e-6)
-    tok = f"  {tokens / t:,.0f} tok/s" if tokens is not None else ""
-    return f"{docs / t:,.0f} docs/s{tok}  {num_bytes / t / 1e6:,.1f} MB/s"
+def _out_opt(help_text: str) -> Any:
+    return typer.Option("--out", "-o", help=help_text)
 
 
 def _show(summary: dict[str, Any], title: str) -> None:
@@ -62,150 +71,118 @@ def _show(summary: dict[str, Any], title: str) -> None:
     Console().print(table)
 
 
+def _render(result: dict[str, Any], as_json: bool, title: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    elif "text" in result and "job_dir" in result:  # a SLURM submission or script
+        typer.echo(result["text"])
+    else:
+        _show(result, title)
+
+
+def _progress(label: str, as_json: bool) -> Any:
+    from llmctl.data.progress import Progress
+
+    return Progress(label, enabled=not as_json)
+
+
 @app.command("preprocess")
 def preprocess_cmd(
     inputs: InputsArg,
-    output_prefix: Annotated[
-        str, typer.Option("--output-prefix", "-o", help="Writes PREFIX.bin/.idx/.manifest.json.")
-    ],
     tokenizer: Annotated[
         str, typer.Option("--tokenizer", "-t", help="tokenizer.json (or dir), .model, .tiktoken.")
     ],
+    out: Annotated[str | None, _out_opt("Writes OUT.bin/.idx/.manifest.json.")] = None,
+    output_prefix: Annotated[str | None, typer.Option("--output-prefix", hidden=True)] = None,
     tokenizer_kind: Annotated[
-        str | None, typer.Option("--tokenizer-kind", help="hf, sentencepiece or tiktoken.")
+        TokenizerKind | None, typer.Option("--tokenizer-kind", help="Default: from the name.")
     ] = None,
     text_field: TextFieldOpt = "text",
     workers: WorkersOpt = 0,
-    on_error: OnErrorOpt = "fail",
+    on_error: OnErrorOpt = OnError.FAIL,
     append_eod: Annotated[
         bool, typer.Option("--append-eod/--no-append-eod", help="Append EOD to each document.")
     ] = True,
+    drop_empty: Annotated[
+        bool,
+        typer.Option(
+            "--drop-empty", help="Skip empty/whitespace-only documents (Megatron-LM keeps them)."
+        ),
+    ] = False,
+    max_doc_mb: Annotated[
+        int, typer.Option("--max-doc-mb", help="Larger documents are bad input.")
+    ] = 64,
     chunk_mb: Annotated[int, typer.Option("--chunk-mb", help="Input MB per work unit.")] = 32,
     vocab_size: Annotated[
         int | None, typer.Option("--vocab-size", help="Fail if the tokenizer exceeds this vocab.")
     ] = None,
+    force: ForceOpt = False,
+    launcher: LauncherOpt = Launcher.LOCAL,
+    partition: PartitionOpt = None,
+    max_parallel: MaxParallelOpt = None,
+    print_script: PrintScriptOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Tokenize INPUTS into a Megatron indexed dataset (.bin/.idx), resumably."""
-    from llmctl.data.preprocess import PreprocessConfig, preprocess
-    from llmctl.data.readers import OnError
-    from llmctl.errors import UserError
+    from llmctl.data.commands import SlurmRequest, require_out, run_preprocess
+    from llmctl.data.preprocess import PreprocessConfig
 
-    if on_error not in ("fail", "skip"):
-        raise UserError(f"--on-error {on_error!r}: expected fail or skip")
+    prefix = require_out(out, output_prefix, "--output-prefix")
     cfg = PreprocessConfig(
-        inputs=inputs,
-        output_prefix=output_prefix,
-        tokenizer=tokenizer,
-        tokenizer_kind=tokenizer_kind,
-        text_field=text_field,
-        num_workers=workers,
-        on_error=OnError(on_error),
-        append_eod=append_eod,
-        chunk_bytes=chunk_mb << 20,
-        model_vocab_size=vocab_size,
-    )
-    progress, task = _progress(not as_json and sys.stderr.isatty(), "tokenizing")
-    done = {"docs": 0, "tokens": 0, "bytes": 0}
-    start = time.perf_counter()
-
-    def update(u: Any) -> None:
-        if u.total_bytes:
-            progress.update(task, total=u.total_bytes)
-            return
-        done["docs"] += u.docs
-        done["tokens"] += u.tokens
-        done["bytes"] += u.num_bytes
-        rates = _rates(start, done["docs"], done["tokens"], done["bytes"])
-        progress.update(task, advance=u.num_bytes, rates=rates)
-
-    with progress:
-        summary = preprocess(cfg, on_progress=update).as_dict()
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        _show(summary, f"preprocess -> {output_prefix}")
+        inputs=inputs, output_prefix=prefix, tokenizer=tokenizer,
+        tokenizer_kind=tokenizer_kind, text_field=text_field, num_workers=workers,
+        on_error=on_error, append_eod=append_eod, chunk_bytes=chunk_mb << 20,
+        max_doc_bytes=max_doc_mb << 20, model_vocab_size=vocab_size, drop_empty=drop_empty,
+        force=force,
+    )  # fmt: skip
+    slurm = SlurmRequest(partition=partition, max_parallel=max_parallel, print_script=print_script)
+    result = run_preprocess(cfg, _progress("preprocess", as_json), launcher, slurm)
+    _render(result, as_json, f"preprocess -> {prefix}")
 
 
 @app.command("dedup")
 def dedup_cmd(
     inputs: InputsArg,
-    output_dir: Annotated[
-        str | None, typer.Option("--output-dir", "-o", help="Kept documents + dedup_report.json.")
-    ] = None,
-    mode: Annotated[str, typer.Option("--mode", help="exact, fuzzy or both.")] = "both",
+    out: Annotated[str | None, _out_opt("Kept documents + dedup_report.json.")] = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", hidden=True)] = None,
+    mode: Annotated[DedupMode, typer.Option("--mode", help="Which duplicates.")] = DedupMode.BOTH,
     ngram: Annotated[int, typer.Option("--ngram", help="Shingle size.")] = 5,
-    unit: Annotated[str, typer.Option("--unit", help="Shingles of word or char.")] = "word",
+    unit: Annotated[Unit, typer.Option("--unit", help="Shingles of words or chars.")] = Unit.WORD,
     bands: Annotated[int, typer.Option("--bands", help="LSH bands.")] = 20,
     rows: Annotated[int, typer.Option("--rows", help="Rows per band (num_perm=bands*rows).")] = 6,
     threshold: Annotated[float, typer.Option("--threshold", help="Jaccard threshold.")] = 0.8,
     verify: Annotated[
-        str, typer.Option("--verify", help="Candidates: none, signature or exact.")
-    ] = "exact",
+        Verify, typer.Option("--verify", help="How candidates are checked.")
+    ] = Verify.EXACT,
     text_field: TextFieldOpt = "text",
     workers: WorkersOpt = 0,
-    on_error: OnErrorOpt = "fail",
+    on_error: OnErrorOpt = OnError.FAIL,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; write nothing.")] = False,
-    launcher: Annotated[
-        str, typer.Option("--launcher", help="local (this machine) or slurm (array job).")
-    ] = "local",
-    partition: Annotated[
-        str | None, typer.Option("--partition", help="SLURM partition (launcher slurm).")
-    ] = None,
-    print_script: Annotated[
-        bool, typer.Option("--print-script", help="With slurm: print the sbatch scripts only.")
-    ] = False,
+    force: ForceOpt = False,
+    launcher: LauncherOpt = Launcher.LOCAL,
+    partition: PartitionOpt = None,
+    max_parallel: MaxParallelOpt = None,
+    print_script: PrintScriptOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Remove exact and near-duplicate documents (MinHash + LSH) from INPUTS."""
-    from llmctl.data.dedup import DedupConfig, DedupMode, Verify, dedup
+    from llmctl.data.commands import SlurmRequest, run_dedup
+    from llmctl.data.dedup import DedupConfig
     from llmctl.data.minhash import ShingleUnit
-    from llmctl.data.readers import OnError
-    from llmctl.errors import UserError
 
-    try:
-        cfg = DedupConfig(
-            inputs=inputs,
-            output_dir=output_dir,
-            mode=DedupMode(mode),
-            ngram=ngram,
-            unit=ShingleUnit(unit),
-            bands=bands,
-            rows=rows,
-            threshold=threshold,
-            verify=Verify(verify),
-            text_field=text_field,
-            num_workers=workers,
-            on_error=OnError(on_error),
-            dry_run=dry_run,
-        )
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if launcher == "slurm":
-        from llmctl.data.slurm import SlurmOptions, submit_dedup
-
-        result = submit_dedup(cfg, SlurmOptions(partition=partition), render_only=print_script)
-        typer.echo(json.dumps(result, indent=2) if as_json else result.get("text", result))
-        return
-    if launcher != "local":
-        raise UserError(f"launcher {launcher!r}: expected local or slurm")
-    progress, task = _progress(not as_json and sys.stderr.isatty(), "hashing")
-    start = time.perf_counter()
-    done = {"docs": 0, "bytes": 0}
-
-    def update(total: int, docs: int, num_bytes: int) -> None:
-        done["docs"] += docs
-        done["bytes"] += num_bytes
-        rates = _rates(start, done["docs"], None, done["bytes"])
-        progress.update(task, total=total, advance=num_bytes, rates=rates)
-
-    with progress:
-        report = dedup(cfg, on_progress=update).as_dict()
-    if as_json:
-        typer.echo(json.dumps(report, indent=2))
+    cfg = DedupConfig(
+        inputs=inputs, output_dir=out or output_dir, mode=mode, ngram=ngram,
+        unit=ShingleUnit(unit.value), bands=bands, rows=rows, threshold=threshold,
+        verify=verify, text_field=text_field, num_workers=workers, on_error=on_error,
+        dry_run=dry_run, force=force,
+    )  # fmt: skip
+    slurm = SlurmRequest(partition=partition, max_parallel=max_parallel, print_script=print_script)
+    report = run_dedup(cfg, _progress("dedup", as_json), launcher, slurm)
+    if as_json or "job_dir" in report:
+        _render(report, as_json, "dedup")
         return
     examples = report.pop("examples")
-    _show(report, "dedup" + (" (dry run)" if dry_run else f" -> {output_dir}"))
+    _show(report, "dedup" + (" (dry run)" if dry_run else f" -> {cfg.output_dir}"))
     for ex in examples[:5]:
         Console().print(f"[bold]{ex['size']}x[/] kept {ex['kept']}: {ex['snippet'][:80]!r}")
 
@@ -213,43 +190,73 @@ def dedup_cmd(
 @tokenizer_app.command("train")
 def tokenizer_train_cmd(
     inputs: InputsArg,
-    output_dir: Annotated[
-        str, typer.Option("--output-dir", "-o", help="Writes tokenizer.json + config here.")
-    ],
+    out: Annotated[str | None, _out_opt("Writes tokenizer.json + config here.")] = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", hidden=True)] = None,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary size.")] = 4096,
     min_frequency: Annotated[int, typer.Option("--min-frequency", help="Merge cutoff.")] = 2,
     text_field: TextFieldOpt = "text",
-    on_error: OnErrorOpt = "fail",
+    on_error: OnErrorOpt = OnError.FAIL,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a byte-level BPE tokenizer (EOD <|endoftext|>) on INPUTS."""
-    from llmctl.data.tokenizer import train_tokenizer
+    from llmctl.data.commands import require_out, run_tokenizer_train
 
-    summary = train_tokenizer(
-        inputs,
-        output_dir,
-        vocab_size=vocab_size,
-        text_field=text_field,
-        min_frequency=min_frequency,
-        on_error=on_error,
-    )
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        _show(summary, f"tokenizer -> {output_dir}")
+    target = require_out(out, output_dir, "--output-dir")
+    summary = run_tokenizer_train(
+        inputs, target, force=force, vocab_size=vocab_size, min_frequency=min_frequency,
+        text_field=text_field, on_error=on_error.value,
+    )  # fmt: skip
+    _render(summary, as_json, f"tokenizer -> {target}")
 
 
 @app.command("corpus")
 def corpus_cmd(
-    output: Annotated[str, typer.Argument(help="JSONL file to write.")],
+    output: Annotated[str | None, typer.Argument(hidden=True)] = None,
+    out: Annotated[str | None, _out_opt("JSONL file to write.")] = None,
     max_docs: Annotated[int, typer.Option("--max-docs", help="Number of files to keep.")] = 400,
+    force: Annotated[bool, typer.Option("--force", help="Replace the file if it exists.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Write the demo corpus: the Python standard library's sources, as JSONL."""
-    from llmctl.data.corpus import build_demo_corpus
+    from llmctl.data.commands import require_out, run_corpus
 
-    summary = build_demo_corpus(output, max_docs=max_docs)
-    typer.echo(json.dumps(summary) if as_json else f"{summary['num_docs']} documents -> {output}")
+    target = require_out(out, output, "the positional OUTPUT")
+    summary = run_corpus(target, max_docs=max_docs, force=force)
+    typer.echo(json.dumps(summary) if as_json else f"{summary['num_docs']} documents -> {target}")
+
+
+@app.command("sft")
+def sft_cmd(
+    inputs: Annotated[
+        list[str], typer.Argument(help="JSONL files or folders: chat or prompt/completion.")
+    ],
+    out: Annotated[str, typer.Option("--out", "-o", help="Writes OUT.bin/.idx + companions.")],
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", "-t", help="Tokenizer folder with a chat_template.")
+    ],
+    seq_length: Annotated[int, typer.Option("--seq-length", help="Training sequence length.")],
+    pack: Annotated[
+        bool, typer.Option("--pack/--no-pack", help="Several examples per sequence.")
+    ] = True,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; write nothing.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier `data sft` output there.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Chat/prompt-completion JSONL -> packed sequences with a response-only loss mask."""
+    from llmctl.data.sft import SftConfig, run_sft
+
+    cfg = SftConfig(
+        inputs=inputs, output_prefix=out, tokenizer=tokenizer, seq_length=seq_length,
+        pack=pack, dry_run=dry_run, force=force,
+    )  # fmt: skip
+    summary = run_sft(cfg, show_progress=not as_json)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        _show(summary, f"sft -> {out}" + (" (dry run)" if dry_run else ""))
 
 
 @app.command("demo")

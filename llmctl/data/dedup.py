@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from llmctl.data.choices import DedupMode as DedupMode
+from llmctl.data.choices import Verify as Verify
 from llmctl.data.manifest import read_json, stamp, write_json_atomic
 from llmctl.data.minhash import (
     MinHasher,
@@ -43,6 +45,17 @@ from llmctl.data.minhash import (
     compute_signatures,
     normalize,
     shingle_hashes,
+)
+from llmctl.data.outputs import (
+    Interrupted,
+    OutputLock,
+    check_dir_target,
+    command_line,
+    commit_dir,
+    interruptible,
+    resolve_workers,
+    stop_code,
+    worker_signals,
 )
 from llmctl.data.readers import (
     BadInputError,
@@ -56,21 +69,7 @@ from llmctl.data.readers import (
 from llmctl.data.unionfind import components
 from llmctl.errors import UserError
 
-
-class DedupMode(StrEnum):
-    """Which duplicates to remove."""
-
-    EXACT = "exact"
-    FUZZY = "fuzzy"
-    BOTH = "both"
-
-
-class Verify(StrEnum):
-    """How LSH candidate pairs are checked before they are merged."""
-
-    NONE = "none"
-    SIGNATURE = "signature"
-    EXACT = "exact"
+REPORT_NAME = "dedup_report.json"
 
 
 @dataclass(kw_only=True)
@@ -119,6 +118,8 @@ class DedupConfig:
     """Clusters shown in the report."""
     precision_sample: int = 500
     """Removed documents checked against their kept document to estimate precision."""
+    force: bool = False
+    """Replace llmctl's earlier outputs in a non-empty output folder (other files are kept)."""
 
     def __post_init__(self) -> None:
         try:
@@ -154,7 +155,9 @@ class DedupConfig:
                 f"bands={self.bands}, rows={self.rows}, ngram={self.ngram} must be >= 1"
             )
         if self.output_dir is None and not self.dry_run:
-            raise UserError("dedup needs an output folder (or --dry-run)")
+            raise UserError("dedup needs an output folder (--out DIR, or --dry-run)")
+        if self.output_dir is not None and not self.dry_run:
+            check_dir_target(Path(self.output_dir), self.force, "dedup")
 
 
 _RUN_ONLY = {
@@ -165,6 +168,7 @@ _RUN_ONLY = {
     "num_examples",
     "on_error",
     "chunk_bytes",
+    "force",
 }
 
 
@@ -209,6 +213,7 @@ _STATE: dict[str, Any] = {}
 
 
 def _init(cfg: DedupConfig, work_dir: str) -> None:
+    worker_signals()
     _STATE.update(cfg=cfg, work_dir=Path(work_dir))
 
 
@@ -224,7 +229,7 @@ def run_signatures(
 ) -> None:
     """Step 1 on this machine, skipping chunks already done; progress as (docs, bytes)."""
     todo = [c for c in chunks if not (work_dir / f"sig_{c.index:06d}.done.json").exists()]
-    num_workers = min(cfg.num_workers or os.cpu_count() or 1, max(len(todo), 1))
+    num_workers = min(resolve_workers(cfg.num_workers), max(len(todo), 1))
     if num_workers <= 1:
         for c in todo:
             r = signature_shard(c, cfg, work_dir)
@@ -624,10 +629,9 @@ def finish(
     write_kept(shards, cfg, clusters.keep, out_tmp)
     payload = report.as_dict()
     payload["inputs"] = [{"path": str(s.path), "sha256": s.sha256} for s in scans]
-    write_json_atomic(out_tmp / "dedup_report.json", payload)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(out_tmp, out)
+    payload["command"] = command_line()
+    write_json_atomic(out_tmp / REPORT_NAME, payload)
+    commit_dir(out_tmp, out, "dedup", metadata=(REPORT_NAME,))
     _clean(work_dir, keep_logs)
     return report
 
@@ -653,6 +657,15 @@ def dedup(
         UserError: bad options, or bad input under on_error=fail.
     """
     cfg.validate()
+    if cfg.output_dir is None or cfg.dry_run:
+        return _dedup_here(cfg, on_progress)
+    with OutputLock(Path(cfg.output_dir)):
+        return _dedup_here(cfg, on_progress)
+
+
+def _dedup_here(
+    cfg: DedupConfig, on_progress: Callable[[int, int, int], None] | None
+) -> DedupReport:
     started = time.perf_counter()
     chunks, scans = plan(cfg)
     work_dir = prepare_work_dir(cfg, chunks, scans)
@@ -660,7 +673,18 @@ def dedup(
     report = on_progress or (lambda _t, _d, _b: None)
     report(total, 0, 0)
     try:
-        run_signatures(cfg, chunks, work_dir, lambda d, b: report(total, d, b))
+        with interruptible():
+            run_signatures(cfg, chunks, work_dir, lambda d, b: report(total, d, b))
     except BadInputError as e:
         raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
+    except BaseException as e:
+        code = stop_code(e)
+        if code is None:
+            raise
+        done = len(list(work_dir.glob("sig_*.done.json")))
+        raise Interrupted(
+            f"interrupted: {done} of {len(chunks)} chunks hashed and kept in {work_dir}; "
+            f"run the same command again to resume",
+            code,
+        ) from None
     return finish(cfg, chunks, scans, work_dir, started)

@@ -15,6 +15,7 @@ checksums, tokenizer checksum, options) is unchanged; otherwise the work folder 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import multiprocessing as mp
 import os
@@ -30,6 +31,17 @@ import numpy as np
 
 from llmctl.data import indexed
 from llmctl.data.manifest import commit, manifest_path, read_json, stamp, write_json_atomic
+from llmctl.data.outputs import (
+    Interrupted,
+    OutputLock,
+    check_file_targets,
+    command_line,
+    interruptible,
+    make_parent,
+    resolve_workers,
+    stop_code,
+    worker_signals,
+)
 from llmctl.data.readers import (
     DEFAULT_MAX_DOC_BYTES,
     BadInputError,
@@ -80,6 +92,12 @@ class PreprocessConfig:
     """When set, fail if the tokenizer's vocabulary does not fit the model's."""
     dedup: dict[str, Any] | None = None
     """Dedup parameters to record in the manifest, when the input was deduplicated."""
+    drop_empty: bool = False
+    """Skip (and count) empty and whitespace-only documents. Off by default: Megatron-LM's
+    preprocess_data.py tokenizes whitespace-only documents and records empty ones as a
+    document-index entry without tokens, and llmctl's output is byte-identical to it."""
+    force: bool = False
+    """Replace an existing `<prefix>.bin/.idx/.manifest.json` (nothing else is touched)."""
 
     def __post_init__(self) -> None:
         try:
@@ -96,6 +114,8 @@ class ProgressUpdate:
     tokens: int = 0
     num_bytes: int = 0
     total_bytes: int = 0
+    resumed: bool = False
+    """The bytes are chunks finished by an earlier, interrupted run."""
 
 
 @dataclass(slots=True)
@@ -104,6 +124,7 @@ class PreprocessSummary:
 
     prefix: str
     num_docs: int
+    num_empty_docs: int
     num_tokens: int
     num_bytes: int
     dtype: str
@@ -131,8 +152,14 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(
-    spec: TokenizerSpec, progress_q: Any, work_dir: str, cfg: PreprocessConfig
+    spec: TokenizerSpec,
+    progress_q: Any,
+    work_dir: str,
+    cfg: PreprocessConfig,
+    in_pool: bool = False,
 ) -> None:
+    if in_pool:
+        worker_signals()
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tok = Tokenizer(spec)
@@ -146,7 +173,8 @@ def _encode_batch(
     ids = tok.encode_batch(texts)
     if append_eod:
         for doc in ids:
-            doc.append(tok.eod)
+            if doc:  # Megatron-LM: no EOD for a document without tokens
+                doc.append(tok.eod)
     lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
     total = int(lengths.sum())
     flat: np.ndarray = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total)
@@ -180,13 +208,15 @@ def _run_chunk(chunk: Chunk) -> dict[str, Any]:
         on_error=cfg.on_error,
         log=log,
         max_doc_bytes=cfg.max_doc_bytes,
+        keep_empty=not cfg.drop_empty,
     )
-    counts = {"docs": 0, "tokens": 0, "bytes": 0}
+    counts = {"docs": 0, "tokens": 0, "bytes": 0, "empty": 0}
     for batch in _batches(docs, cfg.batch_docs, cfg.batch_bytes):
         flat, lengths = _encode_batch([d.text for d in batch], tok, cfg.append_eod, dtype)
         writer.add_documents(flat, lengths)
         nbytes = sum(d.num_bytes for d in batch)
         counts["docs"] += len(batch)
+        counts["empty"] += int(np.count_nonzero(lengths == 0))
         counts["tokens"] += len(flat)
         counts["bytes"] += nbytes
         q(ProgressUpdate(len(batch), len(flat), nbytes))
@@ -214,6 +244,7 @@ def _fingerprint(
         "append_eod": cfg.append_eod,
         "on_error": str(cfg.on_error),
         "max_doc_bytes": cfg.max_doc_bytes,
+        "drop_empty": cfg.drop_empty,
         "chunks": [[c.paths[0], c.start, c.end] for c in chunks],
     }
 
@@ -257,7 +288,7 @@ def _run_chunks(
     q = ctx.Queue()
     results: list[dict[str, Any]] = []
     with ctx.Pool(
-        min(num_workers, len(todo)), _init_worker, (spec, q.put, str(work_dir), cfg)
+        min(num_workers, len(todo)), _init_worker, (spec, q.put, str(work_dir), cfg, True)
     ) as pool:
         pending = [pool.apply_async(_run_chunk, (c,)) for c in todo]
         while pending:
@@ -278,20 +309,49 @@ def _drain(q: Any, report: Callable[[ProgressUpdate], None], timeout: float) -> 
         pass
 
 
+def output_paths(prefix: str | Path) -> list[Path]:
+    """The files a preprocess run writes for a prefix."""
+    return [indexed.bin_path(prefix), indexed.idx_path(prefix), manifest_path(prefix)]
+
+
 def preprocess(
     cfg: PreprocessConfig, on_progress: Callable[[ProgressUpdate], None] | None = None
 ) -> PreprocessSummary:
     """Tokenize `cfg.inputs` into `<cfg.output_prefix>.bin/.idx` with a manifest.
+
+    Existing outputs are refused unless `cfg.force`; one run at a time per prefix (a lock
+    beside it). SIGINT and SIGTERM stop the workers and keep finished chunks for a rerun.
 
     Args:
         cfg: the run's options.
         on_progress: called with the totals first, then with deltas as work is done.
 
     Raises:
-        UserError: bad input under on_error=fail, missing files, a mismatched tokenizer.
+        UserError: bad input under on_error=fail, missing files, a mismatched tokenizer, an
+            output that exists or cannot be written, another run on the same prefix.
+        Interrupted: stopped by SIGINT (exit code 130) or SIGTERM (143).
     """
-    started = time.perf_counter()
-    report = on_progress or (lambda _u: None)
+    prefix = Path(cfg.output_prefix)
+    check_file_targets(output_paths(prefix), cfg.force, f"the dataset {prefix}")
+    with OutputLock(prefix):
+        return _preprocess_locked(cfg, prefix, on_progress or (lambda _u: None))
+
+
+@dataclass(slots=True)
+class RunPlan:
+    """What a run will do: the tokenizer, the chunks and the fingerprint that decides whether
+    finished shards from an earlier run can be reused."""
+
+    spec: TokenizerSpec
+    tok: Tokenizer
+    chunks: list[Chunk]
+    plan: dict[str, Any]
+    work_dir: Path
+    done: set[int]
+
+
+def plan_run(cfg: PreprocessConfig, prefix: Path) -> RunPlan:
+    """Load the tokenizer, cut the inputs into chunks, and prepare `<prefix>.llmctl-tmp/`."""
     spec = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_kind)
     if cfg.eod_token:
         spec = TokenizerSpec(spec.path, spec.kind, cfg.eod_token)
@@ -300,25 +360,74 @@ def preprocess(
     chunks, scans = plan_chunks(discover(list(cfg.inputs)), cfg.chunk_bytes)
     tokenizer_id = {**spec.identity(), "vocab_size": tok.vocab_size, "eod": tok.eod}
     plan = _fingerprint(cfg, scans, tokenizer_id, chunks)
-    prefix = Path(cfg.output_prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(prefix)
     work_dir = prefix.with_name(prefix.name + ".llmctl-tmp")
     done = _prepare_work_dir(work_dir, plan)
-    report(ProgressUpdate(total_bytes=sum(c.num_bytes for c in chunks)))
-    report(ProgressUpdate(num_bytes=sum(c.num_bytes for c in chunks if c.index in done)))
-    num_workers = cfg.num_workers or os.cpu_count() or 1
-    todo = [c for c in chunks if c.index not in done]
-    try:
-        _run_chunks(cfg, spec, todo, work_dir, num_workers, report)
-    except BadInputError as e:
-        raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
-    results = [read_json(work_dir / f"shard_{c.index:06d}.done.json") or {} for c in chunks]
-    summary = _summarize(cfg, results, tok, started, len(chunks), len(done), num_workers)
+    return RunPlan(spec, tok, chunks, plan, work_dir, done)
+
+
+def run_chunk_here(cfg: PreprocessConfig, run: RunPlan, index: int) -> dict[str, Any]:
+    """Tokenize one chunk in this process (a SLURM array task); skip it if already done."""
+    marker = run.work_dir / f"shard_{index:06d}.done.json"
+    if (done := read_json(marker)) is not None:
+        return {**done, "skipped": True}
+    _init_worker(run.spec, lambda _u: None, str(run.work_dir), cfg)
+    return _run_chunk(run.chunks[index])
+
+
+def finish_run(
+    cfg: PreprocessConfig, prefix: Path, run: RunPlan, started: float, num_workers: int
+) -> PreprocessSummary:
+    """Merge the finished shards in chunk order and commit `.bin`, `.idx`, manifest.
+
+    Raises:
+        UserError: a chunk is not done, or no documents at all.
+    """
+    missing = [c.index for c in run.chunks if not _shard_done(run.work_dir, c.index)]
+    if missing:
+        raise UserError(f"chunks {missing[:10]} of {prefix} are not done; rerun them first")
+    results = [read_json(run.work_dir / f"shard_{c.index:06d}.done.json") or {} for c in run.chunks]
+    summary = _summarize(
+        cfg, results, run.tok, started, len(run.chunks), len(run.done), num_workers
+    )
     if summary.num_docs == 0:
         raise UserError(f"no documents in {', '.join(cfg.inputs)} (problems: {summary.problems})")
-    _commit(cfg, prefix, work_dir, chunks, plan, summary)
+    _commit(cfg, prefix, run.work_dir, run.chunks, run.plan, summary)
     summary.elapsed_s = time.perf_counter() - started
     return summary
+
+
+def _shard_done(work_dir: Path, index: int) -> bool:
+    marker = work_dir / f"shard_{index:06d}.done.json"
+    return marker.exists() and indexed.idx_path(work_dir / f"shard_{index:06d}").exists()
+
+
+def _preprocess_locked(
+    cfg: PreprocessConfig, prefix: Path, report: Callable[[ProgressUpdate], None]
+) -> PreprocessSummary:
+    started = time.perf_counter()
+    run = plan_run(cfg, prefix)
+    chunks, work_dir = run.chunks, run.work_dir
+    report(ProgressUpdate(total_bytes=sum(c.num_bytes for c in chunks)))
+    resumed = sum(c.num_bytes for c in chunks if c.index in run.done)
+    report(ProgressUpdate(num_bytes=resumed, resumed=True))
+    num_workers = resolve_workers(cfg.num_workers)
+    todo = [c for c in chunks if c.index not in run.done]
+    try:
+        with interruptible():
+            _run_chunks(cfg, run.spec, todo, work_dir, num_workers, report)
+    except BadInputError as e:
+        raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
+    except BaseException as e:
+        if (code := stop_code(e)) is None:
+            raise
+        kept = len(list(work_dir.glob("shard_*.done.json")))
+        raise Interrupted(
+            f"interrupted: {kept} of {len(chunks)} chunks done and kept in {work_dir}; "
+            f"run the same command again to resume",
+            code,
+        ) from None
+    return finish_run(cfg, prefix, run, started, num_workers)
 
 
 def _summarize(
@@ -339,6 +448,7 @@ def _summarize(
     return PreprocessSummary(
         prefix=cfg.output_prefix,
         num_docs=sum(r["docs"] for r in results),
+        num_empty_docs=sum(r.get("empty", 0) for r in results),
         num_tokens=sum(r["tokens"] for r in results),
         num_bytes=sum(r["bytes"] for r in results),
         dtype=np.dtype(indexed.token_dtype(tok.vocab_size)).name,
@@ -359,7 +469,9 @@ def _dedup_record(inputs: list[dict[str, Any]]) -> dict[str, Any] | None:
             if not report or not isinstance(report.get("params"), dict):
                 continue
             if Path(str(report.get("output_dir"))).resolve() == folder:
-                return {**report["params"], "report": str(folder / "dedup_report.json")}
+                path = folder / "dedup_report.json"
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                return {**report["params"], "report": str(path), "report_sha256": digest}
     return None
 
 
@@ -388,12 +500,15 @@ def _commit(
         "append_eod": cfg.append_eod,
         "counts": {
             "documents": summary.num_docs,
+            "empty_documents": summary.num_empty_docs,
             "tokens": summary.num_tokens,
             "input_bytes": summary.num_bytes,
             "skipped": summary.problems["counts"],
         },
         "problem_examples": summary.problems["examples"],
         "dedup": cfg.dedup or _dedup_record(plan["inputs"]),
+        "drop_empty": cfg.drop_empty,
+        "command": command_line(),
     }
     write_json_atomic(work_dir / "manifest.json", manifest)
     moves = [

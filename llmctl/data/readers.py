@@ -7,9 +7,17 @@ file with no line read twice or missed, and concatenating chunk outputs in chunk
 the same documents in the same order as one sequential pass.
 
 Bad input follows issue 3 section 5: structural problems (invalid JSON or UTF-8, a missing or
-non-string text field, an oversized document, an unreadable file) fail by default or are
-skipped and counted with `on_error=skip`; empty documents are always skipped and counted.
-Every problem is reported as `file:line: what`.
+non-string text field, an oversized document, an unreadable or truncated file) fail by default
+or are skipped and counted with `on_error=skip`. Every problem is reported as `file:line: what`.
+
+Empty and whitespace-only documents: with `keep_empty` (what `preprocess` uses, to match
+Megatron-LM's preprocess_data.py, which tokenizes every record) they are yielded like any other,
+and a blank JSONL line, which Megatron-LM cannot parse, is a structural problem; without it
+(dedup, tokenizer training) they are skipped and counted as "empty document".
+
+A compressed file that ends before its end-of-stream marker (a truncated download) is reported
+as truncated, with the compressed byte offset and the last complete line; the partial line
+before the cut is not parsed.
 """
 
 from __future__ import annotations
@@ -17,12 +25,13 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from llmctl.errors import UserError
 
@@ -55,6 +64,8 @@ class Problem(StrEnum):
     NOT_STRING = "text field is not a string"
     TOO_LARGE = "document too large"
     UNREADABLE = "unreadable file"
+    TRUNCATED = "truncated archive"
+    BLANK_LINE = "blank line"
     EMPTY = "empty document"
 
 
@@ -137,16 +148,23 @@ def input_kind(path: Path) -> InputKind:
 def discover(paths: list[str | Path]) -> list[Path]:
     """Expand files and folders (recursively, sorted, hidden entries skipped) into files.
 
+    In a folder written by llmctl (an `llmctl data dedup` output), its reports are not inputs.
+
     Raises:
         UserError: a path does not exist or a folder holds no files.
     """
+    from llmctl.data.outputs import metadata_files
+
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
+            meta = metadata_files(p)
             found = sorted(
                 f
                 for f in p.rglob("*")
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                if f.is_file()
+                and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                and str(f.relative_to(p)) not in meta
             )
             if not found:
                 raise UserError(f"input folder {p} holds no files")
@@ -285,6 +303,62 @@ def open_binary(path: str | Path) -> IO[bytes]:
     return open(p, "rb")
 
 
+class TruncatedError(Exception):
+    """A compressed stream that stops before its end-of-stream marker."""
+
+    def __init__(self, fmt: str, offset: int) -> None:
+        self.fmt, self.offset = fmt, offset
+        super().__init__(f"{fmt} stream ends at byte {offset} without its end marker")
+
+
+def _decompressor(fmt: str) -> Any:
+    if fmt == "gzip":
+        return zlib.decompressobj(wbits=31)
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def decompressed_blocks(path: str | Path, block_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The decompressed bytes of a `.gz` or `.zst` file (several members or frames allowed).
+
+    Raises:
+        TruncatedError: the file ends inside a member or frame.
+    """
+    fmt = "gzip" if Path(path).suffix.lower() == ".gz" else "zstd"
+    dobj, started, offset = _decompressor(fmt), False, 0
+    with open(path, "rb") as raw:
+        while block := raw.read(block_bytes):
+            offset += len(block)
+            while block:
+                started = True
+                if out := dobj.decompress(block):
+                    yield out
+                block = b""
+                if dobj.eof:
+                    block = dobj.unused_data
+                    dobj, started = _decompressor(fmt), False
+    if started:
+        raise TruncatedError(fmt, offset)
+
+
+def compressed_lines(path: str | Path) -> Iterator[bytes]:
+    """Lines (with their newline) of a compressed file; a partial line before a truncation is
+    dropped and `TruncatedError` raised."""
+    tail: list[bytes] = []
+    for block in decompressed_blocks(path):
+        if b"\n" not in block:
+            tail.append(block)
+            continue
+        parts = block.split(b"\n")
+        parts[0] = b"".join([*tail, parts[0]])
+        tail = [parts.pop()] if parts[-1] else []
+        for part in parts:
+            yield part + b"\n"
+    if tail:
+        yield b"".join(tail)
+
+
 class _Reporter:
     """Applies the error policy to one chunk's problems."""
 
@@ -295,6 +369,17 @@ class _Reporter:
         if problem is not Problem.EMPTY and self.on_error is OnError.FAIL:
             raise BadInputError(path, line, problem, detail)
         self.log.add(path, line, problem, detail)
+
+
+def _lone_surrogate(raw: bytes, text: str) -> int | None:
+    """Index of a lone surrogate (a JSON escape like \\ud800 that is not valid Unicode text)."""
+    if b"\\ud" not in raw and b"\\uD" not in raw:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def _jsonl_text(raw: bytes, text_field: str) -> tuple[str | None, Problem | None, str]:
@@ -311,38 +396,57 @@ def _jsonl_text(raw: bytes, text_field: str) -> tuple[str | None, Problem | None
     text = record[text_field]
     if not isinstance(text, str):
         return None, Problem.NOT_STRING, type(text).__name__
+    if (at := _lone_surrogate(raw, text)) is not None:
+        return None, Problem.INVALID_UTF8, f"lone surrogate escape at character {at}"
     return text, None, ""
 
 
-def _iter_jsonl(
-    chunk: Chunk, text_field: str, report: _Reporter, max_doc_bytes: int
-) -> Iterator[Document]:
+def _jsonl_lines(chunk: Chunk) -> Iterator[bytes]:
     path = chunk.paths[0]
-    with open_binary(path) as f:
+    if chunk.compressed:
+        yield from compressed_lines(path)
+        return
+    with open(path, "rb") as f:
         if chunk.start:
             f.seek(chunk.start)
-        pos, line = chunk.start, chunk.line_base
+        pos = chunk.start
         for raw in f:
             if 0 <= chunk.end <= pos:
                 break
             pos += len(raw)
+            yield raw
+
+
+def _iter_jsonl(
+    chunk: Chunk, text_field: str, report: _Reporter, max_doc_bytes: int, keep_empty: bool
+) -> Iterator[Document]:
+    path, line = chunk.paths[0], chunk.line_base
+    try:
+        for raw in _jsonl_lines(chunk):
             line += 1
             if len(raw) > max_doc_bytes:
                 report(path, line, Problem.TOO_LARGE, f"{len(raw)} bytes > {max_doc_bytes}")
                 continue
             if not raw.strip():
-                report(path, line, Problem.EMPTY, "blank line")
+                if keep_empty:
+                    report(path, line, Problem.BLANK_LINE, "not a JSON record")
+                else:
+                    report(path, line, Problem.EMPTY, "blank line")
                 continue
             text, problem, detail = _jsonl_text(raw, text_field)
             if text is None:
                 report(path, line, problem or Problem.INVALID_JSON, detail)
-            elif not text.strip():
+            elif not keep_empty and not text.strip():
                 report(path, line, Problem.EMPTY)
             else:
                 yield Document(text, path, line, len(raw), raw)
+    except TruncatedError as e:
+        report(path, line + 1, Problem.TRUNCATED, f"{e}; lines up to {line} were read")
 
 
-def _iter_parquet(chunk: Chunk, text_field: str, report: _Reporter) -> Iterator[Document]:
+def _iter_parquet(
+    chunk: Chunk, text_field: str, report: _Reporter, keep_empty: bool
+) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
     path = chunk.paths[0]
@@ -357,31 +461,41 @@ def _iter_parquet(chunk: Chunk, text_field: str, report: _Reporter) -> Iterator[
             line = row0 + i + 1
             if not isinstance(text, str):
                 report(path, line, Problem.NOT_STRING, type(text).__name__)
-            elif not text.strip():
+            elif not keep_empty and not text.strip():
                 report(path, line, Problem.EMPTY)
             else:
                 yield Document(text, path, line, len(text.encode("utf-8")))
         row0 += len(column)
 
 
-def _iter_text(chunk: Chunk, report: _Reporter, max_doc_bytes: int) -> Iterator[Document]:
+def _read_whole(path: str) -> bytes:
+    if not _is_compressed(Path(path)):
+        return Path(path).read_bytes()
+    return b"".join(decompressed_blocks(path))
+
+
+def _iter_text(
+    chunk: Chunk, report: _Reporter, max_doc_bytes: int, keep_empty: bool
+) -> Iterator[Document]:
     for path in chunk.paths:
         try:
             size = Path(path).stat().st_size
             if size > max_doc_bytes:
                 report(path, 1, Problem.TOO_LARGE, f"{size} bytes > {max_doc_bytes}")
                 continue
-            with open_binary(path) as f:
-                data = f.read()
-        except OSError as e:
-            report(path, 0, Problem.UNREADABLE, e.strerror or str(e))
+            data = _read_whole(path)
+        except TruncatedError as e:
+            report(path, 1, Problem.TRUNCATED, str(e))
+            continue
+        except (OSError, zlib.error) as e:
+            report(path, 0, Problem.UNREADABLE, getattr(e, "strerror", None) or str(e))
             continue
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             report(path, data[: e.start].count(b"\n") + 1, Problem.INVALID_UTF8, f"byte {e.start}")
             continue
-        if not text.strip():
+        if not keep_empty and not text.strip():
             report(path, 1, Problem.EMPTY)
             continue
         yield Document(text, path, 1, len(data), data)
@@ -394,8 +508,18 @@ def iter_documents(
     on_error: OnError | str = OnError.FAIL,
     log: ProblemLog | None = None,
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
+    keep_empty: bool = False,
 ) -> Iterator[Document]:
     """Yield the good documents of one chunk, in order; record or raise on bad ones.
+
+    Args:
+        chunk: the work unit to read.
+        text_field: JSONL key or Parquet column holding the text.
+        on_error: fail (raise on the first structural problem) or skip (count it).
+        log: where skipped problems are counted.
+        max_doc_bytes: larger records are bad input.
+        keep_empty: yield empty and whitespace-only documents (Megatron-LM's rule) instead of
+            skipping and counting them; blank JSONL lines are then bad input.
 
     Raises:
         BadInputError: a structural problem under `on_error=fail`.
@@ -403,12 +527,12 @@ def iter_documents(
     report = _Reporter(on_error, log if log is not None else ProblemLog())
     try:
         if chunk.kind is InputKind.JSONL:
-            yield from _iter_jsonl(chunk, text_field, report, max_doc_bytes)
+            yield from _iter_jsonl(chunk, text_field, report, max_doc_bytes, keep_empty)
         elif chunk.kind is InputKind.PARQUET:
-            yield from _iter_parquet(chunk, text_field, report)
+            yield from _iter_parquet(chunk, text_field, report, keep_empty)
         else:
-            yield from _iter_text(chunk, report, max_doc_bytes)
-    except (OSError, EOFError) as e:
+            yield from _iter_text(chunk, report, max_doc_bytes, keep_empty)
+    except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, OSError) and chunk.kind is InputKind.TEXT:
             raise
         report(chunk.paths[0], 0, Problem.UNREADABLE, str(e))

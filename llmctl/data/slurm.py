@@ -1,4 +1,5 @@
-"""`llmctl data dedup --launcher slurm`: signatures as an array job, clustering after it.
+"""`llmctl data dedup|preprocess --launcher slurm`: an array job over input chunks, then one
+dependent job that finishes (dedup: clustering and output; preprocess: merge and commit).
 
 Render, then execute. `render_dedup_scripts` is pure: from a job folder and the number of
 chunks it returns two sbatch scripts, an array job whose task i computes the signatures and
@@ -12,7 +13,13 @@ The job folder (beside the output folder, `<output>.llmctl-tmp/`) holds `job.jso
 options and the chunk plan), the scripts, the shards and the SLURM logs; it must be on a file
 system every node sees, and every node must run the same Python (`sys.executable`).
 Run as a module, this file is what the scripts call: `python -m llmctl.data.slurm
-signatures|finish JOB_JSON [TASK_ID]`.
+signatures|finish|preprocess-shard|preprocess-merge JOB_JSON [TASK_ID]`.
+
+`preprocess` works the same way: array task i tokenizes chunk i into
+`<prefix>.llmctl-tmp/shard_<i>` (skipped when already done), and the merge job concatenates the
+shards in chunk order and commits `.bin`, `.idx` and the manifest under the prefix's lock, so the
+output is byte-identical to a local run (tested on the local cluster). Tasks read the chunk plan
+saved at submission (input checksums included) and do not re-hash the inputs.
 """
 
 from __future__ import annotations
@@ -22,14 +29,13 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from llmctl.data.choices import DedupMode, Verify
 from llmctl.data.dedup import (
     DedupConfig,
-    DedupMode,
-    Verify,
     finish,
     plan,
     prepare_work_dir,
@@ -37,11 +43,23 @@ from llmctl.data.dedup import (
 )
 from llmctl.data.manifest import read_json, write_json_atomic
 from llmctl.data.minhash import ShingleUnit
-from llmctl.data.readers import Chunk, FileScan, InputKind, OnError
+from llmctl.data.outputs import OutputLock, check_file_targets, command_line
+from llmctl.data.preprocess import (
+    PreprocessConfig,
+    RunPlan,
+    finish_run,
+    output_paths,
+    plan_run,
+    run_chunk_here,
+)
+from llmctl.data.readers import BadInputError, Chunk, FileScan, InputKind, OnError
+from llmctl.data.tokenizer import Tokenizer, TokenizerKind, TokenizerSpec
 from llmctl.errors import UserError
 
 ARRAY_SCRIPT = "dedup_signatures.sbatch"
 FINAL_SCRIPT = "dedup_cluster.sbatch"
+PRE_ARRAY_SCRIPT = "preprocess_shards.sbatch"
+PRE_FINAL_SCRIPT = "preprocess_merge.sbatch"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,26 +86,48 @@ def _header(name: str, job_dir: Path, opts: SlurmOptions, log: str) -> list[str]
     return lines
 
 
-def render_dedup_scripts(
-    job_dir: Path, num_chunks: int, opts: SlurmOptions, python: str
-) -> dict[str, str]:
-    """The two sbatch scripts (pure): {file name: text}."""
+def _render_pair(
+    job_dir: Path,
+    num_chunks: int,
+    opts: SlurmOptions,
+    python: str,
+    names: tuple[str, str, str, str],
+) -> tuple[str, str]:
+    """An array script running step `names[1]` per task and a final one running `names[3]`."""
     job_json = shlex.quote(str(job_dir / "job.json"))
     py = shlex.quote(python)
     throttle = f"%{opts.max_parallel}" if opts.max_parallel else ""
     array = [
-        *_header("llmctl-dedup-sig", job_dir, opts, "slurm-%A_%a.out"),
+        *_header(names[0], job_dir, opts, "slurm-%A_%a.out"),
         f"#SBATCH --array=0-{num_chunks - 1}{throttle}",
         "set -euo pipefail",
-        f"exec {py} -m llmctl.data.slurm signatures {job_json} " + '"$SLURM_ARRAY_TASK_ID"',
+        f"exec {py} -m llmctl.data.slurm {names[1]} {job_json} " + '"$SLURM_ARRAY_TASK_ID"',
     ]
     final = [
-        *_header("llmctl-dedup-cluster", job_dir, opts, "slurm-%j.out"),
+        *_header(names[2], job_dir, opts, "slurm-%j.out"),
         "#SBATCH --kill-on-invalid-dep=yes",
         "set -euo pipefail",
-        f"exec {py} -m llmctl.data.slurm finish {job_json}",
+        f"exec {py} -m llmctl.data.slurm {names[3]} {job_json}",
     ]
-    return {ARRAY_SCRIPT: "\n".join(array) + "\n", FINAL_SCRIPT: "\n".join(final) + "\n"}
+    return "\n".join(array) + "\n", "\n".join(final) + "\n"
+
+
+def render_dedup_scripts(
+    job_dir: Path, num_chunks: int, opts: SlurmOptions, python: str
+) -> dict[str, str]:
+    """The two dedup sbatch scripts (pure): {file name: text}."""
+    names = ("llmctl-dedup-sig", "signatures", "llmctl-dedup-cluster", "finish")
+    array, final = _render_pair(job_dir, num_chunks, opts, python, names)
+    return {ARRAY_SCRIPT: array, FINAL_SCRIPT: final}
+
+
+def render_preprocess_scripts(
+    job_dir: Path, num_chunks: int, opts: SlurmOptions, python: str
+) -> dict[str, str]:
+    """The two preprocess sbatch scripts (pure): {file name: text}."""
+    names = ("llmctl-pre-shard", "preprocess-shard", "llmctl-pre-merge", "preprocess-merge")
+    array, final = _render_pair(job_dir, num_chunks, opts, python, names)
+    return {PRE_ARRAY_SCRIPT: array, PRE_FINAL_SCRIPT: final}
 
 
 def _sbatch(args: list[str]) -> str:
@@ -102,10 +142,12 @@ def _sbatch(args: list[str]) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def execute_dedup_scripts(job_dir: Path) -> tuple[str, str]:
+def execute_dedup_scripts(
+    job_dir: Path, array: str = ARRAY_SCRIPT, final: str = FINAL_SCRIPT
+) -> tuple[str, str]:
     """Submit the array, then the final job after it; return both job ids."""
-    array_id = _sbatch([str(job_dir / ARRAY_SCRIPT)])
-    final_id = _sbatch([f"--dependency=afterok:{array_id}", str(job_dir / FINAL_SCRIPT)])
+    array_id = _sbatch([str(job_dir / array)])
+    final_id = _sbatch([f"--dependency=afterok:{array_id}", str(job_dir / final)])
     return array_id, final_id
 
 
@@ -146,7 +188,7 @@ def submit_dedup(
     """Plan, write the job folder and scripts, and (unless render_only) submit them."""
     cfg.validate()
     if cfg.dry_run or cfg.output_dir is None:
-        raise UserError("--launcher slurm needs --output-dir (use --print-script to preview)")
+        raise UserError("--launcher slurm needs --out DIR (use --print-script to preview)")
     chunks, scans = plan(cfg)
     job_dir = prepare_work_dir(cfg, chunks, scans)
     _save_job(job_dir, cfg, chunks, scans)
@@ -167,9 +209,93 @@ def submit_dedup(
     return result
 
 
+# ---------------------------------------------------------------- preprocess
+
+
+def _save_preprocess_job(job_dir: Path, cfg: PreprocessConfig, run: RunPlan) -> None:
+    payload = {
+        "config": {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(cfg).items()},
+        "chunks": [{**asdict(c), "kind": c.kind.value} for c in run.chunks],
+        "plan": run.plan,
+        "spec": [str(run.spec.path), run.spec.kind.value, run.spec.eod_token],
+        "command": command_line(),
+        "submitted": time.time(),
+    }
+    write_json_atomic(job_dir / "job.json", payload)
+
+
+def load_preprocess_job(job_json: Path) -> tuple[PreprocessConfig, RunPlan]:
+    """Read back what `submit_preprocess` saved (no input is re-read or re-hashed)."""
+    data = read_json(job_json)
+    if data is None:
+        raise UserError(f"{job_json}: missing or not JSON")
+    cfg = PreprocessConfig(**{**data["config"], "on_error": OnError(data["config"]["on_error"])})
+    chunks = [
+        Chunk(**{**ch, "kind": InputKind(ch["kind"]), "paths": tuple(ch["paths"])})
+        for ch in data["chunks"]
+    ]
+    path, kind, eod = data["spec"]
+    spec = TokenizerSpec(Path(path), TokenizerKind(kind), eod)
+    return cfg, RunPlan(spec, Tokenizer(spec), chunks, data["plan"], job_json.parent, set())
+
+
+def submit_preprocess(
+    cfg: PreprocessConfig, opts: SlurmOptions, *, render_only: bool = False
+) -> dict[str, Any]:
+    """Plan, write the job folder and scripts, and (unless render_only) submit them."""
+    prefix = Path(cfg.output_prefix).absolute()
+    check_file_targets(output_paths(prefix), cfg.force, f"the dataset {prefix}")
+    cfg = replace(
+        cfg,
+        output_prefix=str(prefix),
+        inputs=[str(Path(p).absolute()) for p in cfg.inputs],
+        tokenizer=str(Path(cfg.tokenizer).absolute()),
+    )
+    with OutputLock(prefix):
+        run = plan_run(cfg, prefix)
+        _save_preprocess_job(run.work_dir, cfg, run)
+        scripts = render_preprocess_scripts(run.work_dir, len(run.chunks), opts, sys.executable)
+        for name, text in scripts.items():
+            (run.work_dir / name).write_text(text)
+    result: dict[str, Any] = {"job_dir": str(run.work_dir), "num_tasks": len(run.chunks)}
+    if render_only:
+        result["text"] = "\n".join(f"# --- {n}\n{t}" for n, t in scripts.items())
+        return result
+    array_id, final_id = execute_dedup_scripts(run.work_dir, PRE_ARRAY_SCRIPT, PRE_FINAL_SCRIPT)
+    result.update(array_job=array_id, final_job=final_id, prefix=str(prefix))
+    result["text"] = (
+        f"submitted array job {array_id} ({len(run.chunks)} tasks) and merge job {final_id}; "
+        f"the dataset will be {prefix}.bin/.idx (manifest {prefix}.manifest.json)"
+    )
+    return result
+
+
+def _preprocess_step(step: str, job_json: Path, argv: list[str]) -> dict[str, Any]:
+    cfg, run = load_preprocess_job(job_json)
+    if step == "preprocess-shard":
+        try:
+            return run_chunk_here(cfg, run, int(argv[0]))
+        except BadInputError as e:
+            raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
+    prefix = Path(cfg.output_prefix)
+    with OutputLock(prefix):
+        return finish_run(cfg, prefix, run, time.perf_counter(), len(run.chunks)).as_dict()
+
+
 def main(argv: list[str]) -> None:
-    """Entry point of the sbatch scripts."""
+    """Entry point of the sbatch scripts; a user error is one line and exit code 2."""
+    try:
+        _main(argv)
+    except UserError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from None
+
+
+def _main(argv: list[str]) -> None:
     step, job_json = argv[0], Path(argv[1])
+    if step.startswith("preprocess-"):
+        print(json.dumps(_preprocess_step(step, job_json, argv[2:])))
+        return
     cfg, chunks, scans = load_job(job_json)
     if step == "signatures":
         task = int(argv[2])
@@ -178,7 +304,10 @@ def main(argv: list[str]) -> None:
             return
         print(json.dumps(signature_shard(chunks[task], cfg, job_json.parent)))
     elif step == "finish":
-        report = finish(cfg, chunks, scans, job_json.parent, time.perf_counter(), keep_logs=True)
+        with OutputLock(Path(str(cfg.output_dir))):
+            report = finish(
+                cfg, chunks, scans, job_json.parent, time.perf_counter(), keep_logs=True
+            )
         print(json.dumps({k: v for k, v in report.as_dict().items() if k != "examples"}))
     else:
         raise SystemExit(f"unknown step {step!r}: expected signatures or finish")

@@ -10,6 +10,7 @@ import pytest
 
 from llmctl.data import indexed
 from llmctl.data.manifest import manifest_path
+from llmctl.data.outputs import Interrupted
 from llmctl.data.preprocess import PreprocessConfig, preprocess
 from llmctl.data.readers import OnError
 from llmctl.data.tokenizer import Tokenizer, resolve_tokenizer
@@ -68,8 +69,9 @@ def test_interrupted_run_commits_nothing_and_resumes(
         if seen["docs"] > 30:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match=r"interrupted: \d+ of \d+ chunks done and kept") as e:
         preprocess(cfg, on_progress=interrupt)
+    assert e.value.exit_code == 130
     assert not indexed.bin_path(prefix).exists() and not indexed.idx_path(prefix).exists()
     resumed = preprocess(cfg)
     assert resumed.num_chunks_resumed > 0

@@ -1,0 +1,130 @@
+"""Progress of the `llmctl data` commands, for a terminal and for log files alike.
+
+The total is the input size in bytes, known before work starts, so every line carries a
+percentage and an ETA (from the bytes done in this run; chunks reused from an interrupted run
+count as done but not towards the rate). On a terminal a rich bar redraws in place; otherwise
+(nohup, SLURM logs, CI) a plain line is printed every `interval_s` seconds and once at the end:
+
+    preprocess: 41.3% 86.0/208.2 MB 12,345 docs 9.1 MB/s ETA 0:00:13
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+
+def _clock(seconds: float) -> str:
+    s = max(int(seconds), 0)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+@dataclass(slots=True)
+class ProgressLine:
+    """Counts of one run and the line that describes them."""
+
+    label: str
+    total_bytes: int = 0
+    done_bytes: int = 0
+    resumed_bytes: int = 0
+    docs: int = 0
+    tokens: int | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def text(self, now: float | None = None) -> str:
+        """`label: P% done/total MB N docs R MB/s ETA h:mm:ss`."""
+        elapsed = max((now or time.perf_counter()) - self.started, 1e-6)
+        rate = (self.done_bytes - self.resumed_bytes) / elapsed
+        pct = 100.0 * self.done_bytes / self.total_bytes if self.total_bytes else 0.0
+        eta = (self.total_bytes - self.done_bytes) / rate if rate > 0 else None
+        tok = f" {self.tokens / elapsed:,.0f} tok/s" if self.tokens is not None else ""
+        return (
+            f"{self.label}: {pct:.1f}% {self.done_bytes / 1e6:,.1f}/{self.total_bytes / 1e6:,.1f}"
+            f" MB {self.docs:,} docs {rate / 1e6:,.1f} MB/s{tok}"
+            f" ETA {_clock(eta) if eta is not None else '?'}"
+        )
+
+
+class Progress:
+    """Reports progress to stderr: a bar on a terminal, plain periodic lines otherwise, nothing
+    when disabled (`--json` output)."""
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        enabled: bool = True,
+        stream: IO[str] | None = None,
+        interval_s: float = 10.0,
+        tty: bool | None = None,
+    ) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval_s = interval_s
+        self.line = ProgressLine(label)
+        self._last = 0.0
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled and self.tty:
+            self._start_bar()
+        return self
+
+    def _start_bar(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import Progress as Bar
+
+        self._bar = Bar(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(file=self.stream),
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(self.line.label, total=None, info="")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        elif self.enabled and exc[0] is None and self.line.total_bytes:
+            print(self.line.text(), file=self.stream, flush=True)
+
+    def update(
+        self, *, total: int = 0, num_bytes: int = 0, docs: int = 0, tokens: int = 0,
+        resumed: bool = False,
+    ) -> None:  # fmt: skip
+        """Add work done (or set the total)."""
+        ln = self.line
+        if total:
+            ln.total_bytes = total
+        ln.done_bytes += num_bytes
+        ln.resumed_bytes += num_bytes if resumed else 0
+        ln.docs += docs
+        if tokens:
+            ln.tokens = (ln.tokens or 0) + tokens
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            info = ln.text().split(" MB ", 1)[-1].rsplit(" ETA", 1)[0]
+            self._bar.update(self._task, total=ln.total_bytes or None, completed=ln.done_bytes,
+                             info=info)  # fmt: skip
+            return
+        now = time.perf_counter()
+        if now - self._last >= self.interval_s and ln.total_bytes:
+            self._last = now
+            print(ln.text(now), file=self.stream, flush=True)
