@@ -11,14 +11,35 @@ def validate(cfg: RootConfig) -> None:
     _validate_model(cfg)
     _validate_parallel(cfg)
     _validate_precision(cfg)
-    t = cfg.train
-    if t.global_batch_size < 1 or t.train_iters < 0:
-        raise UserError("train.global_batch_size must be >= 1 and train.iters >= 0")
+    _validate_minimums(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
             f"{len(cfg.data.prefixes)}"
         )
+
+
+# (group, field, smallest valid value) of the schedule and checkpoint policy.
+_MINIMUMS = (
+    ("train", "train_iters", 1), ("train", "global_batch_size", 1), ("train", "warmup_iters", 0),
+    ("train", "log_interval", 1), ("train", "eval_interval", 0), ("train", "eval_iters", 0),
+    ("checkpoint", "interval", 0), ("checkpoint", "keep_last", 1), ("checkpoint", "keep_every", 1),
+    ("checkpoint", "max_failed_saves", 1), ("checkpoint", "save_retries", 0),
+)  # fmt: skip
+
+
+def _validate_minimums(cfg: RootConfig) -> None:
+    for group, name, least in _MINIMUMS:
+        value = getattr(getattr(cfg, group), name)
+        if value is not None and value < least:
+            raise UserError(f"{group}.{name} must be >= {least}, got {value}")
+    t = cfg.train
+    if t.eval_interval > 0 and t.eval_iters < 1:
+        raise UserError(
+            f"train.eval_iters must be >= 1 when train.eval_interval > 0, got {t.eval_iters}"
+        )
+    if t.lr_decay_iters is not None and t.lr_decay_iters < 1:
+        raise UserError(f"train.lr_decay_iters must be >= 1 or null, got {t.lr_decay_iters}")
 
 
 def _validate_model(cfg: RootConfig) -> None:

@@ -94,12 +94,14 @@ def prepare_train(
     """
     from llmctl.config import compose
     from llmctl.launch.ckpt_resume import inspect_run_dir
+    from llmctl.launch.slurm import requeue_checkpoint_default
     from llmctl.train.layout import resolve_layout
     from llmctl.train.rundir import absolute_paths, default_run_dir
 
     cfg = compose(recipe, overrides, cluster_file=cluster_file)
     cfg.train.force = bool(force or cfg.train.force)
     absolute_paths(cfg)
+    requeue_checkpoint_default(cfg)
     _early_checks(cfg)
     plan = plan_check(cfg, force=cfg.train.force)
     layout = resolve_layout(cfg, None, plan.get("layout"))
@@ -182,7 +184,7 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
         raise UserError(
             f"layout {closest.layout.short()} needs {closest.memory.total_gib:.3g} GiB per "
             f"device but {result.usable_gib:.3g} GiB are usable on {cfg.cluster.name}{hint}; "
-            "change the layout (see `llmctl plan`) or pass --force"
+            "change the layout (see `llmctl plan`) or pass --ignore-fit"
         )
     return _plan_dict(result, closest)
 

@@ -46,6 +46,30 @@ _EXPANDED = (
 )
 
 
+# Default checkpoint interval of a requeueable job: a tenth of the run, at most this many steps.
+MAX_DEFAULT_CHECKPOINT_INTERVAL = 1000
+
+
+def requeue_checkpoint_default(cfg: Any) -> int | None:
+    """Give a requeueable SLURM job a checkpoint interval when it has none (0 = off).
+
+    Without checkpoints a preemption notice saves nothing and the requeued job starts over at
+    step 1. The default is `max(1, min(train_iters // 10, 1000))` steps; the checkpointer also
+    saves when the notice arrives. Jobs that should not checkpoint set
+    `launcher.slurm_requeue=false`.
+
+    Returns:
+        The interval set, or None when the config was left as it was.
+    """
+    if str(cfg.launcher.kind) != "slurm" or not cfg.launcher.slurm_requeue:
+        return None
+    if cfg.checkpoint.interval > 0:
+        return None
+    interval = max(1, min(cfg.train.train_iters // 10, MAX_DEFAULT_CHECKPOINT_INTERVAL))
+    cfg.checkpoint.interval = interval
+    return interval
+
+
 def output_pattern(run_dir: str | Path) -> str:
     """Where SLURM writes the job's output (%j = job id; kept across requeues)."""
     return f"{run_dir}/slurm-%j.out"

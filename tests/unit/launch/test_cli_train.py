@@ -81,8 +81,8 @@ def test_layout_predicted_not_to_fit_is_refused_unless_forced(tmp_path: Path) ->
             "--dry-run", "--json"]  # fmt: skip
     refused = runner.invoke(app, args)
     assert refused.exit_code == 2
-    assert "GiB per device but" in refused.output and "--force" in refused.output
-    forced = runner.invoke(app, [*args, "--force"])
+    assert "GiB per device but" in refused.output and "--ignore-fit" in refused.output
+    forced = runner.invoke(app, [*args, "--ignore-fit"])
     assert forced.exit_code == 0, forced.output
     plan = json.loads(forced.output)["plan"]
     assert plan["fits"] is False and plan["peak_mem_gib"] > plan["usable_gib"]
