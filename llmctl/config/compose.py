@@ -143,8 +143,30 @@ def compose(
     raw_dict = cast(dict[str, Any], OmegaConf.to_container(raw, resolve=True))
     raw_dict["recipe"] = path.stem
     cfg = from_dict(raw_dict, source=str(path))
+    _adopt_packed_seq_length(cfg, overrides)
     validate(cfg)
     return cfg
+
+
+def _adopt_packed_seq_length(cfg: RootConfig, overrides: list[str]) -> None:
+    """SFT packs (`llmctl data sft`) fix the sequence length: take it from their manifest.
+
+    Raises:
+        UserError: `model.seq_length` given on the command line differs from the packs'.
+    """
+    if not cfg.data.prefixes:
+        return
+    from llmctl.data.sft import packed_seq_length
+
+    seq = packed_seq_length(list(cfg.data.prefixes))
+    if seq is None or seq == cfg.model.seq_length:
+        return
+    if any(o.lstrip("+~").startswith("model.seq_length=") for o in overrides):
+        raise UserError(
+            f"model.seq_length={cfg.model.seq_length} but data.prefixes were packed for {seq}; "
+            "drop the override or rerun `llmctl data sft --seq-length`"
+        )
+    cfg.model.seq_length = seq
 
 
 def from_dict(data: dict[str, Any], source: str = "config") -> RootConfig:

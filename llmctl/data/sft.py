@@ -1,0 +1,618 @@
+"""`llmctl data sft`: chat or prompt/completion JSONL -> packed sequences with a loss mask.
+
+Each input line is one example, either a chat (`{"messages": [{"role": ..., "content": ...}]}`,
+roles system/user/assistant/tool) or a prompt/completion pair (`{"prompt": ..., "completion":
+...}`, rendered as one user turn and one assistant turn). Every example is rendered with the
+model's own chat template (`chat_template` of the tokenizer folder's `tokenizer_config.json`,
+through transformers' `apply_chat_template`), so fine-tuning sees exactly the text the model
+will see at inference.
+
+Which tokens are trained: for the i-th message, if it is an assistant turn, the template is
+rendered for `messages[:i]` with the generation prompt and for `messages[:i+1]`; the text
+between the two is the response (content plus whatever the template closes the turn with,
+e.g. `<|im_end|>` or EOS). Both renderings must be prefixes of the whole conversation's
+rendering (true of ordinary templates); a template that rewrites earlier turns is refused.
+The whole conversation is tokenized once, and a token is trained when its first character
+lies in a response span. Everything else (system prompt, user turns, role headers, the
+generation prompt) has loss mask 0.
+
+Packing: examples are placed best-fit into packs of `seq_length + 1` tokens (a window of open
+packs, so memory stays bounded), padded at the end. An example longer than a pack is cut to
+the pack size (counted; dropped if no trained token survives).
+
+Output, three Megatron indexed datasets (`.bin` + `.idx`, one sequence per pack, all of
+length `seq_length + 1`) and a manifest::
+
+    <prefix>.bin/.idx               token ids (uint16, or int32 for vocabularies >= 65500)
+    <prefix>_loss_mask.bin/.idx     uint8, 1 where the token is a trained target
+    <prefix>_doc_ids.bin/.idx       uint16, 1, 2, ... numbering the examples of the pack;
+                                    0 marks padding
+    <prefix>.manifest.json          kind "sft-packed", seq_length, tokenizer, counts
+
+Training turns a pack into tokens `x[:-1]`, labels `x[1:]`, loss mask
+`mask[1:] & (doc[1:] == doc[:-1])`, position ids restarting at 0 in every example, and an
+attention mask that lets a token see only earlier tokens of its own example (see
+`llmctl.train.data`). Outputs are written under temporary names and renamed into place,
+manifest last; a bad line leaves nothing under the final names.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from llmctl.data import indexed
+from llmctl.data.manifest import commit, manifest_path, read_json, stamp, write_json_atomic
+from llmctl.errors import UserError
+
+KIND = "sft-packed"
+ROLES = ("system", "user", "assistant", "tool")
+MASK_SUFFIX = "_loss_mask"
+DOCS_SUFFIX = "_doc_ids"
+OPEN_PACKS = 64
+
+
+@dataclass(kw_only=True)
+class SftConfig:
+    """Options of one `llmctl data sft` run."""
+
+    inputs: list[str]
+    """JSONL files (optionally .gz): chat (`messages`) or `prompt`/`completion` lines."""
+    output_prefix: str
+    """Output path without suffix (see the module docstring for the files written)."""
+    tokenizer: str
+    """Tokenizer folder (tokenizer.json + tokenizer_config.json with a `chat_template`)."""
+    seq_length: int
+    """Training sequence length; packs hold seq_length + 1 tokens."""
+    pack: bool = True
+    """Pack several examples per sequence; False puts one example per sequence."""
+    seed: int = 1234
+    """Not used for packing (input order is kept); recorded for reproducibility."""
+    dry_run: bool = False
+    """Read, render, tokenize and pack, but write nothing."""
+    force: bool = False
+    """Replace llmctl's earlier outputs at the prefix (files llmctl did not write are kept)."""
+
+
+@dataclass(kw_only=True)
+class SftSummary:
+    """What a run did."""
+
+    output_prefix: str
+    seq_length: int
+    num_examples: int = 0
+    num_packs: int = 0
+    num_tokens: int = 0
+    num_trained_tokens: int = 0
+    num_padding_tokens: int = 0
+    num_truncated: int = 0
+    num_dropped: int = 0
+    max_examples_per_pack: int = 0
+    formats: dict[str, int] = field(default_factory=lambda: {"chat": 0, "prompt_completion": 0})
+    dry_run: bool = False
+
+    @property
+    def fill_fraction(self) -> float:
+        """Share of pack tokens that are not padding."""
+        total = self.num_packs * (self.seq_length + 1)
+        return 1.0 - self.num_padding_tokens / total if total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON output and the manifest."""
+        return {**asdict(self), "fill_fraction": round(self.fill_fraction, 4)}
+
+
+# ---------------------------------------------------------------- parsing (pure)
+
+
+def _bad(where: str, what: str) -> UserError:
+    return UserError(f"{where}: {what}")
+
+
+def _check_message(msg: Any, i: int, where: str) -> dict[str, str]:
+    if not isinstance(msg, dict):
+        raise _bad(where, f"messages[{i}] is not an object")
+    role = msg.get("role")
+    if role is None:
+        raise _bad(where, f"messages[{i}] has no 'role' (expected one of {', '.join(ROLES)})")
+    if role not in ROLES:
+        raise _bad(where, f"messages[{i}] role {role!r} is not one of {', '.join(ROLES)}")
+    content = msg.get("content")
+    if not isinstance(content, str):
+        raise _bad(where, f"messages[{i}] ({role}) has no string 'content'")
+    if role == "assistant" and not content.strip():
+        raise _bad(where, f"messages[{i}] (assistant) has empty content: nothing to train on")
+    return {"role": role, "content": content}
+
+
+def _chat(messages: Any, where: str) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise _bad(where, "'messages' must be a non-empty list")
+    out = [_check_message(m, i, where) for i, m in enumerate(messages)]
+    if not any(m["role"] == "assistant" for m in out):
+        raise _bad(where, "no assistant message: nothing to train on")
+    return out
+
+
+def _prompt_completion(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
+    prompt, completion = obj.get("prompt"), obj.get("completion")
+    if not isinstance(prompt, str):
+        raise _bad(where, "'prompt' must be a string")
+    if not isinstance(completion, str) or not completion.strip():
+        raise _bad(where, "'completion' is missing or empty: nothing to train on")
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+
+
+def parse_example(line: str, where: str) -> tuple[str, list[dict[str, str]]]:
+    """(format, messages) of one JSONL line; `where` is `FILE:LINE` for error messages.
+
+    Raises:
+        UserError: invalid JSON, a missing or unknown role, an empty completion or assistant
+            turn, no assistant turn, or neither format.
+    """
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _bad(where, f"not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise _bad(where, "expected a JSON object")
+    if "messages" in obj:
+        return "chat", _chat(obj["messages"], where)
+    if "prompt" in obj or "completion" in obj:
+        return "prompt_completion", _prompt_completion(obj, where)
+    raise _bad(where, "expected 'messages' (chat) or 'prompt' and 'completion'")
+
+
+def _open_text(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def iter_examples(paths: list[Path]) -> Iterator[tuple[str, str, list[dict[str, str]]]]:
+    """(where, format, messages) for every non-blank line of every input, in order."""
+    for path in paths:
+        with _open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield (f"{path}:{n}", *parse_example(line, f"{path}:{n}"))
+
+
+# ---------------------------------------------------------------- rendering and masks
+
+
+class ChatRenderer:
+    """A transformers tokenizer from a local folder, with its chat template.
+
+    Args:
+        folder: Tokenizer folder (or a tokenizer.json inside it).
+
+    Raises:
+        UserError: no folder, no loadable tokenizer, or no chat template.
+    """
+
+    def __init__(self, folder: str) -> None:
+        path = Path(folder).expanduser()
+        self.folder = path.parent if path.is_file() else path
+        if not (self.folder / "tokenizer_config.json").is_file():
+            raise UserError(f"--tokenizer {folder}: no tokenizer_config.json in {self.folder}")
+        from transformers import AutoTokenizer
+
+        try:
+            self.tok = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+        except Exception as e:  # transformers raises many types for a broken folder
+            raise UserError(f"--tokenizer {folder}: not loadable by transformers ({e})") from None
+        if not getattr(self.tok, "chat_template", None):
+            raise UserError(
+                f"--tokenizer {folder}: tokenizer_config.json has no chat_template; "
+                "SFT renders examples with the model's own template"
+            )
+        if not self.tok.is_fast:
+            raise UserError(f"--tokenizer {folder}: needs a fast tokenizer (tokenizer.json)")
+        self.vocab_size = len(self.tok)
+        self.pad_id = next(
+            (i for i in (self.tok.pad_token_id, self.tok.eos_token_id) if i is not None), 0
+        )
+
+    def render(self, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
+        """The template's text for `messages`."""
+        text = self.tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        return str(text)
+
+    def response_spans(
+        self, messages: list[dict[str, str]], where: str
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """(whole text, character spans of the assistant responses)."""
+        full = self.render(messages)
+        spans = []
+        for i, msg in enumerate(messages):
+            if msg["role"] != "assistant":
+                continue
+            before = self.render(messages[:i], generation_prompt=True) if i else ""
+            upto = self.render(messages[: i + 1])
+            if not (upto.startswith(before) and full.startswith(upto)):
+                raise _bad(
+                    where,
+                    f"the chat template renders messages[{i}] differently once later turns "
+                    "follow (not prefix-stable); response tokens cannot be located",
+                )
+            spans.append((len(before), len(upto)))
+        return full, spans
+
+    def encode(self, messages: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, loss mask) of one example: mask 1 on response tokens."""
+        text, spans = self.response_spans(messages, where)
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], dtype=np.int64)
+        starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        for lo, hi in spans:
+            mask[(starts >= lo) & (starts < hi)] = 1
+        return ids, mask
+
+    def identity(self) -> dict[str, Any]:
+        """Tokenizer record for the manifest (the shape `llmctl data preprocess` writes)."""
+        tok_json = self.folder / "tokenizer.json"
+        template = str(self.tok.chat_template)
+        return {
+            "kind": "hf",
+            "path": str(tok_json if tok_json.is_file() else self.folder),
+            "sha256": _sha256(tok_json) if tok_json.is_file() else "",
+            "vocab_size": self.vocab_size,
+            "eod": self.tok.eos_token_id if self.tok.eos_token_id is not None else self.pad_id,
+            "pad": self.pad_id,
+            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+        }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- packing
+
+
+@dataclass(eq=False)
+class _Pack:
+    tokens: list[np.ndarray] = field(default_factory=list)
+    masks: list[np.ndarray] = field(default_factory=list)
+    used: int = 0
+
+
+class Packer:
+    """Best-fit packing over a window of open packs; emits finished packs through `emit`.
+
+    Args:
+        size: Tokens per pack (seq_length + 1).
+        pad_id: Token id of padding.
+        emit: Called with (tokens, loss mask, doc ids) of each finished pack.
+        pack: False = one example per pack.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        pad_id: int,
+        emit: Callable[[np.ndarray, np.ndarray, np.ndarray], None],
+        pack: bool = True,
+    ) -> None:
+        self.size, self.pad_id, self.emit = size, pad_id, emit
+        self.window = OPEN_PACKS if pack else 1
+        self.open: list[_Pack] = []
+
+    def add(self, tokens: np.ndarray, mask: np.ndarray) -> None:
+        """Place one example (already cut to at most `size` tokens)."""
+        n = len(tokens)
+        fits = [p for p in self.open if p.used + n <= self.size]
+        if self.window == 1:
+            fits = [p for p in fits if not p.tokens]
+        if fits:
+            target = max(fits, key=lambda p: p.used)
+        else:
+            if len(self.open) >= self.window:
+                fullest = max(self.open, key=lambda p: p.used)
+                self.open.remove(fullest)
+                self._finish(fullest)
+            target = _Pack()
+            self.open.append(target)
+        target.tokens.append(tokens)
+        target.masks.append(mask)
+        target.used += n
+
+    def close(self) -> None:
+        """Emit every open pack, in the order they were opened."""
+        for p in self.open:
+            self._finish(p)
+        self.open = []
+
+    def _finish(self, p: _Pack) -> None:
+        pad = self.size - p.used
+        tokens = np.concatenate([*p.tokens, np.full(pad, self.pad_id, dtype=np.int64)])
+        mask = np.concatenate([*p.masks, np.zeros(pad, dtype=np.uint8)])
+        docs = np.concatenate(
+            [np.full(len(t), i + 1, dtype=np.uint16) for i, t in enumerate(p.tokens)]
+            + [np.zeros(pad, dtype=np.uint16)]
+        )
+        self.emit(tokens, mask, docs)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _input_paths(inputs: list[str]) -> list[Path]:
+    paths = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            paths.extend(sorted(x for x in p.iterdir() if x.name.endswith((".jsonl", ".jsonl.gz"))))
+        elif p.is_file():
+            paths.append(p)
+        else:
+            raise UserError(f"input {item} not found")
+    if not paths:
+        raise UserError(f"no .jsonl files in {', '.join(inputs)}")
+    return paths
+
+
+def output_prefixes(prefix: str | Path) -> tuple[str, str, str]:
+    """(tokens, loss mask, doc ids) dataset prefixes of an SFT output prefix."""
+    return str(prefix), f"{prefix}{MASK_SUFFIX}", f"{prefix}{DOCS_SUFFIX}"
+
+
+def _check_outputs(prefix: str, force: bool) -> None:
+    """Refuse existing outputs unless `force`, and files llmctl did not write always."""
+    record = read_json(manifest_path(prefix))
+    ours = record is not None and record.get("kind") == KIND
+    paths = [manifest_path(prefix)]
+    for p in output_prefixes(prefix):
+        paths += [indexed.bin_path(p), indexed.idx_path(p)]
+    for path in paths:
+        if path.exists() and not ours:
+            raise UserError(
+                f"{path} exists and was not written by `llmctl data sft`; "
+                "remove it or choose another --out"
+            )
+        if path.exists() and not force:
+            raise UserError(f"{path} exists; pass --force to replace the SFT dataset")
+
+
+class _Writers:
+    """The three shard writers under the work folder."""
+
+    def __init__(self, work: Path, token_dtype: type) -> None:
+        self.prefixes = output_prefixes(work / "out")
+        self.writers = [
+            indexed.ShardWriter(self.prefixes[0], token_dtype),
+            indexed.ShardWriter(self.prefixes[1], np.uint8),
+            indexed.ShardWriter(self.prefixes[2], np.uint16),
+        ]
+
+    def write(self, *arrays: np.ndarray) -> None:
+        for w, a in zip(self.writers, arrays, strict=True):
+            w.add_documents(a, np.asarray([len(a)]))
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()
+
+
+def _check_config(cfg: SftConfig) -> None:
+    if cfg.seq_length < 2:
+        raise UserError(f"--seq-length {cfg.seq_length}: expected at least 2")
+    if cfg.seq_length + 1 > np.iinfo(np.uint16).max:
+        raise UserError(f"--seq-length {cfg.seq_length}: at most 65534")
+
+
+def build_sft(cfg: SftConfig, on_progress: Callable[[int, int], None] | None = None) -> SftSummary:
+    """Render, tokenize, mask and pack `cfg.inputs` into `cfg.output_prefix` (see module doc).
+
+    Args:
+        cfg: The run's options.
+        on_progress: Called with (examples done, tokens done) after each example.
+
+    Raises:
+        UserError: bad input (one line naming the file and line); nothing is left under the
+            final names.
+    """
+    _check_config(cfg)
+    paths = _input_paths(cfg.inputs)
+    if not cfg.dry_run:
+        _check_outputs(cfg.output_prefix, cfg.force)
+    renderer = ChatRenderer(cfg.tokenizer)
+    work = Path(f"{cfg.output_prefix}.llmctl-tmp")
+    summary = SftSummary(
+        output_prefix=cfg.output_prefix, seq_length=cfg.seq_length, dry_run=cfg.dry_run
+    )
+    try:
+        _run(cfg, paths, renderer, work, summary, on_progress)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return summary
+
+
+def _run(
+    cfg: SftConfig,
+    paths: list[Path],
+    renderer: ChatRenderer,
+    work: Path,
+    summary: SftSummary,
+    on_progress: Callable[[int, int], None] | None,
+) -> None:
+    writers = None
+    if not cfg.dry_run:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        writers = _Writers(work, indexed.token_dtype(renderer.vocab_size))
+
+    def emit(tokens: np.ndarray, mask: np.ndarray, docs: np.ndarray) -> None:
+        summary.num_packs += 1
+        summary.num_padding_tokens += int((docs == 0).sum())
+        summary.max_examples_per_pack = max(summary.max_examples_per_pack, int(docs.max()))
+        if writers is not None:
+            writers.write(tokens, mask, docs)
+
+    packer = Packer(cfg.seq_length + 1, renderer.pad_id, emit, pack=cfg.pack)
+    for where, fmt, messages in iter_examples(paths):
+        _add_example(renderer, packer, summary, where, fmt, messages)
+        if on_progress is not None:
+            on_progress(summary.num_examples, summary.num_tokens)
+    packer.close()
+    if summary.num_packs == 0:
+        raise UserError(f"no examples in {', '.join(cfg.inputs)}")
+    if writers is not None:
+        writers.close()
+        _commit(cfg, paths, renderer, work, writers, summary)
+
+
+def _add_example(
+    renderer: ChatRenderer,
+    packer: Packer,
+    summary: SftSummary,
+    where: str,
+    fmt: str,
+    messages: list[dict[str, str]],
+) -> None:
+    ids, mask = renderer.encode(messages, where)
+    summary.num_examples += 1
+    summary.formats[fmt] += 1
+    if len(ids) > packer.size:
+        summary.num_truncated += 1
+        ids, mask = ids[: packer.size], mask[: packer.size]
+    if not mask[1:].any():  # the first token is never a target
+        summary.num_dropped += 1
+        return
+    summary.num_tokens += len(ids)
+    summary.num_trained_tokens += int(mask[1:].sum())
+    packer.add(ids, mask)
+
+
+def _commit(
+    cfg: SftConfig,
+    paths: list[Path],
+    renderer: ChatRenderer,
+    work: Path,
+    writers: _Writers,
+    summary: SftSummary,
+) -> None:
+    finals = output_prefixes(cfg.output_prefix)
+    manifest = {
+        **stamp(),
+        "kind": KIND,
+        "prefix": Path(cfg.output_prefix).name,
+        "seq_length": cfg.seq_length,
+        "pack": cfg.pack,
+        "dtype": np.dtype(indexed.token_dtype(renderer.vocab_size)).name,
+        "companions": {"loss_mask": Path(finals[1]).name, "doc_ids": Path(finals[2]).name},
+        "inputs": [
+            {"path": str(p), "num_bytes": p.stat().st_size, "sha256": _sha256(p)} for p in paths
+        ],
+        "tokenizer": renderer.identity(),
+        "counts": summary.as_dict(),
+    }
+    write_json_atomic(work / "manifest.json", manifest)
+    moves = []
+    for tmp, final in zip(writers.prefixes, finals, strict=True):
+        moves.append((indexed.bin_path(tmp), indexed.bin_path(final)))
+        moves.append((indexed.idx_path(tmp), indexed.idx_path(final)))
+    commit(moves, work / "manifest.json", manifest_path(cfg.output_prefix))
+    shutil.rmtree(work)
+
+
+def run_sft(cfg: SftConfig, show_progress: bool = True) -> dict[str, Any]:
+    """`llmctl data sft`: `build_sft` with a progress line on stderr; returns the summary."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]sft[/] {task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not (show_progress and sys.stderr.isatty()),
+    )
+    task = bar.add_task("sft", total=None, info="")
+
+    def update(examples: int, tokens: int) -> None:
+        if examples % 256 == 0:
+            bar.update(task, info=f"{examples:,} examples {tokens:,} tokens")
+
+    with bar:
+        summary = build_sft(cfg, on_progress=update)
+    return summary.as_dict()
+
+
+# ---------------------------------------------------------------- readers (no torch)
+
+
+def sft_manifest(prefix: str) -> dict[str, Any] | None:
+    """The manifest of an SFT dataset at `prefix`, or None if `prefix` is not one."""
+    record = read_json(manifest_path(prefix))
+    return record if record is not None and record.get("kind") == KIND else None
+
+
+def packed_seq_length(prefixes: list[str]) -> int | None:
+    """The sequence length the SFT datasets among `prefixes` were packed for (None if none).
+
+    Raises:
+        UserError: SFT datasets packed for different lengths, or mixed with pretraining data.
+    """
+    found = {p: m["seq_length"] for p in prefixes if (m := sft_manifest(p)) is not None}
+    if not found:
+        return None
+    if len(found) != len(prefixes):
+        other = next(p for p in prefixes if p not in found)
+        raise UserError(f"data.prefixes mixes SFT packs with pretraining data ({other})")
+    if len(set(found.values())) > 1:
+        raise UserError(f"data.prefixes were packed for different seq lengths: {found}")
+    return int(next(iter(found.values())))
+
+
+class PackedSft:
+    """Read access to one SFT dataset: (tokens, loss mask, doc ids) of pack i, as numpy."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.parts = [_Mapped(p) for p in output_prefixes(prefix)]
+        counts = {len(p) for p in self.parts}
+        if len(counts) != 1:
+            raise UserError(f"data prefix {prefix}: loss-mask/doc-id files do not match tokens")
+
+    def __len__(self) -> int:
+        return len(self.parts[0])
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tokens, mask, docs = (p[i] for p in self.parts)
+        return tokens, mask, docs
+
+
+class _Mapped:
+    """One indexed dataset, memory-mapped."""
+
+    def __init__(self, prefix: str) -> None:
+        head = indexed.read_header(prefix)
+        self.lengths = indexed.read_lengths(prefix).astype(np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.data = np.memmap(indexed.bin_path(prefix), dtype=head.dtype, mode="r")
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        s = self.starts[i]
+        return np.asarray(self.data[s : s + self.lengths[i]])

@@ -1,0 +1,253 @@
+"""`llmctl data sft`: chat templates, response masks, packing, bad input (issue 13, item 5).
+
+Oracles outside llmctl: transformers renders and tokenizes the chat template itself
+(`apply_chat_template(tokenize=True)`) and computes assistant masks from a template with
+`{% generation %}` markers (`return_assistant_tokens_mask`); megatron-core's `IndexedDataset`
+reads the packs back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.data.sft import PackedSft, SftConfig, build_sft, output_prefixes, parse_example
+from llmctl.data.sft_demo import CHATML_TEMPLATE, chat_tokenizer, translate_examples, write_jsonl
+from llmctl.errors import UserError
+
+pytest.importorskip("transformers")
+
+# The same ChatML template with transformers' generation markers around each assistant turn.
+GENERATION_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>\n"
+    "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHAT = [
+    {"role": "system", "content": "answer with the partner words"},
+    {"role": "user", "content": "translate: red fox"},
+    {"role": "assistant", "content": "blue owl"},
+    {"role": "user", "content": "translate: one"},
+    {"role": "assistant", "content": "two"},
+]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chat_tokenizer(tmp_path_factory.mktemp("chat-tok"))
+
+
+@pytest.fixture(scope="module")
+def hf_tok(tok_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+
+
+def _renderer(tok_dir: Path):
+    from llmctl.data.sft import ChatRenderer
+
+    return ChatRenderer(str(tok_dir))
+
+
+def test_tokens_are_the_templates_and_mask_matches_transformers(tok_dir, hf_tok):
+    ids, mask = _renderer(tok_dir).encode(CHAT, "x:1")
+    expected = hf_tok.apply_chat_template(CHAT, tokenize=True, return_dict=True)
+    assert ids.tolist() == list(expected["input_ids"])
+    oracle = hf_tok.apply_chat_template(
+        CHAT,
+        chat_template=GENERATION_TEMPLATE,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    assert list(oracle["input_ids"]) == ids.tolist()  # same text under both templates
+    assert mask.tolist() == list(oracle["assistant_masks"])
+    trained = hf_tok.decode([int(t) for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == "blue owl<|im_end|>\ntwo<|im_end|>\n"
+
+
+def test_prompt_completion_is_one_user_and_one_assistant_turn(tok_dir, hf_tok):
+    fmt, messages = parse_example('{"prompt": "translate: cat", "completion": "dog"}', "x:1")
+    assert fmt == "prompt_completion"
+    ids, mask = _renderer(tok_dir).encode(messages, "x:1")
+    text = hf_tok.decode(ids.tolist())
+    assert (
+        text == "<|im_start|>user\ntranslate: cat<|im_end|>\n<|im_start|>assistant\ndog<|im_end|>\n"
+    )
+    assert hf_tok.decode([int(t) for t, m in zip(ids, mask, strict=True) if m]) == "dog<|im_end|>\n"
+
+
+def test_packs_read_back_with_megatron(tok_dir, hf_tok, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    records = translate_examples(200, max_words=3)
+    src = write_jsonl(tmp_path / "task.jsonl", records)
+    summary = build_sft(
+        SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "sft"), tokenizer=str(tok_dir),
+                  seq_length=48)
+    )  # fmt: skip
+    tokens, masks, docs = (IndexedDataset(p) for p in output_prefixes(tmp_path / "sft"))
+    assert len(tokens) == len(masks) == len(docs) == summary.num_packs
+    assert summary.num_examples == 200 and summary.max_examples_per_pack > 1
+    found = []
+    for i in range(len(tokens)):
+        t, m, d = tokens[i], masks[i], docs[i]
+        assert len(t) == len(m) == len(d) == 49
+        for doc in range(1, int(d.max()) + 1):
+            found.append((tuple(t[d == doc].tolist()), tuple(m[d == doc].tolist())))
+        assert not m[d == 0].any()
+    expected = []
+    for r in records:
+        msgs = r.get("messages") or [
+            {"role": "user", "content": r["prompt"]},
+            {"role": "assistant", "content": r["completion"]},
+        ]
+        ids = hf_tok.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"]
+        expected.append(tuple(ids))
+    assert sorted(f[0] for f in found) == sorted(expected)  # every example exactly once
+    assert sum(sum(f[1][1:]) for f in found) == summary.num_trained_tokens
+    manifest = json.loads((tmp_path / "sft.manifest.json").read_text())
+    assert manifest["kind"] == "sft-packed" and manifest["seq_length"] == 48
+    assert manifest["tokenizer"]["vocab_size"] == len(hf_tok)
+    assert summary.fill_fraction > 0.8
+
+
+def test_long_examples_are_cut_and_counted(tok_dir, tmp_path):
+    long = {"prompt": "translate: " + " ".join(["red"] * 40), "completion": "blue"}
+    short = {"prompt": "translate: red", "completion": "blue"}
+    src = write_jsonl(tmp_path / "t.jsonl", [long, short])
+    summary = build_sft(
+        SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "o"), tokenizer=str(tok_dir),
+                  seq_length=16, pack=False)
+    )  # fmt: skip
+    assert summary.num_truncated == 1 and summary.num_dropped == 1  # its answer was cut off
+    assert summary.num_packs == 1 and len(PackedSft(str(tmp_path / "o"))) == 1
+
+
+BAD = {
+    "missing_role": (
+        [{"content": "hi"}, {"role": "assistant", "content": "x"}],
+        "messages[0] has no 'role'",
+    ),
+    "unknown_role": (
+        [{"role": "bot", "content": "hi"}, {"role": "assistant", "content": "x"}],
+        "role 'bot' is not one of",
+    ),
+    "empty_assistant": (
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}],
+        "(assistant) has empty content",
+    ),
+    "no_assistant": ([{"role": "user", "content": "hi"}], "no assistant message"),
+    "empty_completion": ({"prompt": "hi", "completion": ""}, "'completion' is missing or empty"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_line_is_one_line_rc2_and_writes_nothing(case, tok_dir, tmp_path):
+    good = {"prompt": "translate: red", "completion": "blue"}
+    bad, expected = BAD[case]
+    bad_record = bad if isinstance(bad, dict) else {"messages": bad}
+    src = write_jsonl(tmp_path / "in.jsonl", [good, good, bad_record, good])
+    out = tmp_path / "out" / "sft"
+    args = ["data", "sft", str(src), "-o", str(out), "-t", str(tok_dir), "--seq-length", "32"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    assert f"{src}:3: " in result.output and expected in result.output, result.output
+    assert "Traceback" not in result.output
+    left = list((tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
+    assert left == []
+
+
+def test_console_script_prints_one_line(tok_dir, tmp_path):
+    """The installed `llmctl` entry point: exactly one stderr line, rc 2, nothing written."""
+    import subprocess
+    import sys
+
+    src = write_jsonl(tmp_path / "in.jsonl", [{"messages": [{"content": "hi"}]}])
+    out = tmp_path / "o"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmctl", "data", "sft", str(src), "-o", str(out), "-t",
+         str(tok_dir), "--seq-length", "32"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {src}:1: messages[0] has no 'role' (expected one of system, user, assistant, tool)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_invalid_json_names_the_line(tmp_path):
+    with pytest.raises(UserError, match=r"f.jsonl:7: not valid JSON"):
+        parse_example("{not json", "f.jsonl:7")
+
+
+def test_failed_rerun_keeps_the_previous_output(tok_dir, tmp_path):
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(20))
+    out = str(tmp_path / "sft")
+    build_sft(
+        SftConfig(inputs=[str(src)], output_prefix=out, tokenizer=str(tok_dir), seq_length=32)
+    )
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("sft*")}
+    with pytest.raises(UserError, match="pass --force"):
+        build_sft(
+            SftConfig(inputs=[str(src)], output_prefix=out, tokenizer=str(tok_dir), seq_length=32)
+        )
+    bad = write_jsonl(tmp_path / "b.jsonl", [*translate_examples(5), {"prompt": "x"}])
+    with pytest.raises(UserError, match=r"b\.jsonl:6"):
+        build_sft(
+            SftConfig(inputs=[str(bad)], output_prefix=out, tokenizer=str(tok_dir), seq_length=32,
+                      force=True)
+        )  # fmt: skip
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("sft*")} == before
+
+
+def test_files_llmctl_did_not_write_are_never_replaced(tok_dir, tmp_path):
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(5))
+    (tmp_path / "x.bin").write_bytes(b"user data")
+    with pytest.raises(UserError, match="not written by `llmctl data sft`"):
+        build_sft(
+            SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "x"), tokenizer=str(tok_dir),
+                      seq_length=32, force=True)
+        )  # fmt: skip
+    assert (tmp_path / "x.bin").read_bytes() == b"user data"
+
+
+def test_tokenizer_without_chat_template_is_refused(tmp_path):
+    from llmctl.data.tokenizer import train_bpe
+
+    train_bpe(["red green blue"] * 50, tmp_path / "tok", vocab_size=300)
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(3))
+    result = CliRunner().invoke(
+        app,
+        ["data", "sft", str(src), "-o", str(tmp_path / "o"), "-t", str(tmp_path / "tok"),
+         "--seq-length", "32"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "no chat_template" in result.output
+
+
+def test_template_in_the_demo_tokenizer_is_chatml(tok_dir):
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == CHATML_TEMPLATE
+
+
+def test_compose_takes_seq_length_from_the_packs(tok_dir, tmp_path):
+    from llmctl.config import compose
+
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(30))
+    out = str(tmp_path / "sft")
+    build_sft(
+        SftConfig(inputs=[str(src)], output_prefix=out, tokenizer=str(tok_dir), seq_length=40)
+    )
+    cfg = compose("tiny_cpu_sft", [f"data.prefixes=[{out}]"])
+    assert cfg.model.seq_length == 40
+    with pytest.raises(UserError, match="packed for 40"):
+        compose("tiny_cpu_sft", [f"data.prefixes=[{out}]", "model.seq_length=64"])
+    assert np.asarray(PackedSft(out)[0][0]).shape == (41,)
