@@ -58,6 +58,9 @@ def _register() -> None:
     from llmctl.cli import quant
 
     app.add_typer(quant.export_app, name="export")
+    from llmctl.cli import hf
+
+    app.add_typer(hf.import_app, name="import")
     app.command(name="quantize")(quant.quantize)
     from llmctl.cli import checkpoints, resume
 

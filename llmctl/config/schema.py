@@ -100,6 +100,16 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = doc(None, "Expert MLP dimension; None = ffn_hidden_size.")
     init_method_std: float = doc(0.02, "Standard deviation of the weight initialisation.")
     norm_epsilon: float = doc(1e-5, "Epsilon of the normalization layers.")
+    add_qkv_bias: bool = doc(False, "Biases on the Q, K, V projections only (Qwen2).")
+    rope_scaling_factor: float | None = doc(
+        None, "Llama 3.1 RoPE scaling factor (low 1, high 4, context 8192); None = off."
+    )
+    hf_vocab_size: int | None = doc(
+        None, "Vocabulary before padding (import hf); export drops rows past it."
+    )
+    hf_architecture: str | None = doc(
+        None, "Hugging Face class it was imported from; export writes it back."
+    )
 
 
 @dataclass(kw_only=True)
@@ -251,6 +261,9 @@ class CheckpointConfig:
     max_failed_saves: int = doc(3, "Stop cleanly after this many consecutive failed saves.")
     save_retries: int = doc(1, "Retries of a failed save before it counts as failed.")
     load: bool = doc(True, "Resume from the newest complete checkpoint if one exists.")
+    init_from: str | None = doc(
+        None, "Weights only at step 0: an imported dir, a checkpoint, or hf:DIR (Hugging Face)."
+    )
 
 
 @dataclass(kw_only=True)

@@ -6,7 +6,11 @@ stacked along a leading layer axis). llmctl reads the tensor metadata, keeps the
 asks `dist_checkpointing.load` for each whole tensor, in one process with a one-rank gloo group:
 no model is built, and any saved layout reads the same way.
 
-How names map (Llama family, `LlamaForCausalLM`):
+How names map (Llama-style families: `LlamaForCausalLM`, `MistralForCausalLM`,
+`Qwen2ForCausalLM` with Q/K/V biases, `MixtralForCausalLM` with stacked experts): through the
+one table in `llmctl.hf.mapping`, which `llmctl import hf` uses the other way round; vocab rows
+past `model.hf_vocab_size` (import padding) are dropped. In short:
+
 
 - `embedding.word_embeddings.weight` -> `model.embed_tokens.weight`; `output_layer.weight` ->
   `lm_head.weight` (or tied); `decoder.final_layernorm.weight` -> `model.norm.weight`.
@@ -165,16 +169,20 @@ def check_exportable(model: Any) -> str:
     Raises:
         UserError: MoE, a mix of the two styles, or GPT-style shapes GPT-2 cannot hold.
     """
-    if model.num_experts:
-        raise UserError(
-            f"model {model.name}: MoE export (num_experts={model.num_experts}) is not supported"
-        )
     have = {k: _v(getattr(model, k)) for k in _STYLES[LLAMA]}
     for arch, fields in _STYLES.items():
-        if have == fields:
-            if arch == GPT2:
-                _check_gpt2_shapes(model)
+        if have == fields and arch == GPT2:
+            if model.num_experts:
+                raise UserError(
+                    f"model {model.name}: MoE export (num_experts={model.num_experts}) is "
+                    "supported for Llama-style (Mixtral) models only"
+                )
+            _check_gpt2_shapes(model)
             return arch
+        if have == fields:
+            from llmctl.hf.config import architecture_of
+
+            return architecture_of(model)  # Llama, Mistral, Qwen2 or Mixtral (llmctl.hf)
     got = ", ".join(f"{k}={v}" for k, v in have.items())
     raise UserError(
         f"model {model.name} has {got}: no Hugging Face architecture matches this mix; llmctl "
@@ -269,63 +277,28 @@ def _layer_tensors(state: dict[str, Any], num_layers: int) -> list[dict[str, Any
     return layers
 
 
-_RENAMES = {
-    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-    "input_layernorm.weight": "input_layernorm.weight",
-    "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight",
-    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
-    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-    "self_attention.linear_proj.bias": "self_attn.o_proj.bias",
-    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
-    "mlp.linear_fc2.bias": "mlp.down_proj.bias",
-}
-
-
 def split_qkv(qkv: Any, model: Any) -> tuple[Any, Any, Any]:
     """Split megatron's group-interleaved fused QKV (weight or bias) into Q, K, V."""
-    d, g = _head_dim(model), model.num_query_groups
-    per = model.num_attention_heads // g
-    rest = qkv.shape[1:]
-    grouped = qkv.reshape(g, per + 2, d, *rest)
-    q = grouped[:, :per].reshape(g * per * d, *rest)
-    k = grouped[:, per].reshape(g * d, *rest)
-    v = grouped[:, per + 1].reshape(g * d, *rest)
-    return q, k, v
+    from llmctl.hf.mapping import Heads
+    from llmctl.hf.mapping import split_qkv as split
 
-
-def _convert_layer(i: int, tensors: dict[str, Any], model: Any) -> dict[str, Any]:
-    p, out = f"model.layers.{i}.", dict[str, Any]()
-    for suffix, tensor in tensors.items():
-        kind = suffix.rsplit(".", 1)[-1]
-        if suffix.startswith("self_attention.linear_qkv.") and kind in ("weight", "bias"):
-            q, k, v = split_qkv(tensor, model)
-            out |= {
-                f"{p}self_attn.{n}_proj.{kind}": t for n, t in zip("qkv", (q, k, v), strict=True)
-            }
-        elif suffix.startswith("mlp.linear_fc1.") and kind in ("weight", "bias"):
-            gate, up = tensor.chunk(2, dim=0)
-            out |= {f"{p}mlp.gate_proj.{kind}": gate, f"{p}mlp.up_proj.{kind}": up}
-        elif suffix in _RENAMES:
-            out[p + _RENAMES[suffix]] = tensor
-        else:
-            raise UserError(f"checkpoint tensor decoder.layers.{suffix} has no Llama counterpart")
-    return out
+    return split(qkv, Heads(model.num_attention_heads, model.num_query_groups, _head_dim(model)))
 
 
 def megatron_to_hf_llama(state: dict[str, Any], model: Any) -> dict[str, Any]:
-    """Hugging Face Llama state dict (contiguous tensors) from megatron's global tensors."""
-    out: dict[str, Any] = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"]}
-    out["model.norm.weight"] = state["decoder.final_layernorm.weight"]
-    if not model.tied_embeddings:
-        if "output_layer.weight" not in state:
-            raise UserError("checkpoint has no output_layer.weight but the model is untied")
-        out["lm_head.weight"] = state["output_layer.weight"]
-    for i, tensors in enumerate(_layer_tensors(state, model.num_layers)):
-        out |= _convert_layer(i, tensors, model)
-    leftovers = sorted(k for k in state if not _LAYER_KEY.match(k) and k not in _TOP_LEVEL_KEYS)
-    if leftovers:
-        raise UserError(f"checkpoint tensors with no Llama counterpart: {', '.join(leftovers)}")
-    return {k: v.contiguous() for k, v in out.items()}
+    """Hugging Face state dict of a Llama-style family (`llmctl.hf.mapping`, shared with import).
+
+    Raises:
+        UserError: A tensor with no counterpart in the family, or one it needs that is missing.
+    """
+    from llmctl.hf.config import architecture_of
+    from llmctl.hf.mapping import FAMILIES, megatron_to_hf
+
+    arch = architecture_of(model)
+    try:
+        return megatron_to_hf(state, FAMILIES[arch], model)
+    except (KeyError, ValueError) as e:
+        raise UserError(f"{arch} export: {e.args[0]}") from None
 
 
 _GPT2_RENAMES = {
@@ -419,33 +392,10 @@ _NOISE_KEYS = {
 
 
 def llama_config(model: Any, dtype: str, eos_id: int | None) -> dict[str, Any]:
-    """config.json contents for `LlamaForCausalLM` (written through transformers' own class)."""
-    from transformers import LlamaConfig
+    """config.json of a Llama-style family (Llama, Mistral, Qwen2, Mixtral), via transformers."""
+    from llmctl.hf.config import hf_config_dict
 
-    config = LlamaConfig(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        intermediate_size=model.ffn_hidden_size,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_key_value_heads=model.num_query_groups,
-        head_dim=_head_dim(model),
-        max_position_embeddings=model.max_position_embeddings or model.seq_length,
-        rms_norm_eps=model.norm_epsilon,
-        rope_parameters={"rope_type": "default", "rope_theta": float(model.rotary_base)},
-        tie_word_embeddings=bool(model.tied_embeddings),
-        attention_bias=bool(model.add_bias_linear),
-        mlp_bias=bool(model.add_bias_linear),
-        hidden_act="silu",
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        architectures=["LlamaForCausalLM"],
-    )
-    data = {k: v for k, v in config.to_dict().items() if k not in _NOISE_KEYS}
-    data["dtype"] = dtype
-    data["torch_dtype"] = dtype  # older readers (transformers 4.x, vLLM) look for this key
-    data["rope_theta"] = float(model.rotary_base)  # and for this one
-    return data
+    return hf_config_dict(model, eos_id, dtype)
 
 
 def gpt2_config(model: Any, dtype: str, eos_id: int | None) -> dict[str, Any]:
@@ -568,14 +518,12 @@ def _write_dir(ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int) -> tupl
     model = ckpt.model
     arch = check_exportable(model)
     convert, make_config = (
-        (megatron_to_hf_llama, llama_config)
-        if arch == LLAMA
-        else (megatron_to_hf_gpt2, gpt2_config)
+        (megatron_to_hf_llama, llama_config) if arch != GPT2 else (megatron_to_hf_gpt2, gpt2_config)
     )
     state = convert(load_model_tensors(ckpt.path), model)
     max_len = int(model.max_position_embeddings or model.seq_length)
     eos_id = write_tokenizer(ckpt.tokenizer, staging, max_len) if ckpt.tokenizer else None
-    embed = "model.embed_tokens.weight" if arch == LLAMA else "transformer.wte.weight"
+    embed = "model.embed_tokens.weight" if arch != GPT2 else "transformer.wte.weight"
     config = make_config(model, _torch_dtype_name(state[embed]), eos_id)
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "do_sample": False}

@@ -91,6 +91,7 @@ def transformer_config(
         gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else F.gelu,
         add_bias_linear=model.add_bias_linear,
+        add_qkv_bias=bool(getattr(model, "add_qkv_bias", False)),
         init_method_std=model.init_method_std,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -151,6 +152,19 @@ def _seeded(cls: type, seed: int) -> type:
     return type(f"Seeded{cls.__name__}", (cls,), {"__init__": __init__})
 
 
+def _moe_without_te() -> None:
+    """Make megatron-core's MoE router run without Transformer Engine.
+
+    megatron-core 0.16.1's `RouterGatingLinearFunction` tests `te_general_gemm is not None`, a
+    name `moe_utils` binds only when TE imports; without TE (CPU) every MoE forward raised
+    NameError. None is what the non-TE branch expects.
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+
+
 def build_model_chunks(
     model: Any, config: Any, layout: TrainLayout, *, use_te: bool, seed: int
 ) -> list[Any]:
@@ -167,6 +181,8 @@ def build_model_chunks(
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
+    if model.num_experts:
+        _moe_without_te()
     spec = layer_spec(config, model, use_te=use_te, seed=None if use_te else seed)
     torch.manual_seed(seed)
     rope = _value(model.position_embedding) == "rope"
@@ -183,6 +199,8 @@ def build_model_chunks(
             share_embeddings_and_output_weights=model.tied_embeddings,
             position_embedding_type="rope" if rope else "learned_absolute",
             rotary_base=int(model.rotary_base),
+            rope_scaling=bool(getattr(model, "rope_scaling_factor", None)),
+            rope_scaling_factor=float(getattr(model, "rope_scaling_factor", None) or 8.0),
             vp_stage=vp,
         )
         chunks.append(chunk)

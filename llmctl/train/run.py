@@ -216,6 +216,10 @@ def _train_loop(
         checkpointer = make_checkpointer(cfg, run_dir, plan)
     ckpt = checkpointer
     ckpt.load(trainer.state)
+    if trainer.state.step == 0 and cfg.checkpoint.init_from:  # weights only (llmctl.hf.init)
+        from llmctl.hf.init import init_weights
+
+        init_weights(trainer.state, cfg, run_dir)
     obs = _Observer(cfg, run_dir, layout, on_gpu, rank)
     t = cfg.train
     report = None

@@ -1,0 +1,195 @@
+"""The heavy half of `llmctl import hf`: stream Hugging Face tensors into megatron-core and save.
+
+Imports torch, safetensors and megatron-core; `llmctl.hf.importer` calls it only after every
+check has passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import UserError
+from llmctl.hf import mapping as M
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def one_rank_layout() -> Any:
+    """TP=PP=DP=1 on one rank."""
+    from llmctl.train.layout import TrainLayout
+
+    return TrainLayout(
+        tp=1, pp=1, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
+        sequence_parallel=False, recompute="none", optimizer_sharding="none",
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def one_rank_megatron() -> Iterator[Any]:
+    """megatron's parallel state for one CPU rank (a process group is created if none runs)."""
+    import torch.distributed as dist
+
+    from llmctl.train import cpu_compat, parallel
+
+    created, had_compat = not dist.is_initialized(), cpu_compat.is_installed()
+    if not created and dist.get_world_size() != 1:
+        raise RuntimeError("import hf runs in a process of its own (one rank)")
+    parallel.init_distributed()
+    layout = one_rank_layout()
+    parallel.init_model_parallel(layout, 1, False)
+    try:
+        yield layout
+    finally:
+        parallel.teardown(destroy_process_group=created)
+        if not had_compat:
+            cpu_compat.uninstall()
+
+
+def empty_model(cfg: Any, layout: Any, dtype: str) -> Any:
+    """GPTModel at TP=1 with uninitialised weights in `dtype` (they are all overwritten)."""
+    import torch
+
+    from llmctl.train import model as model_mod
+    from llmctl.train.precision import recipe_for
+
+    tc = model_mod.transformer_config(
+        cfg.model, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=False
+    )
+    tc.perform_initialization = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        [model] = model_mod.build_model_chunks(cfg.model, tc, layout, use_te=False, seed=1)
+    return model.to(getattr(torch, _TORCH_DTYPES[dtype]))
+
+
+class _Reader:
+    """Reads tensors by name from a directory's safetensors files (one handle per file)."""
+
+    def __init__(self, src: Path, files: dict[str, str]) -> None:
+        self.src, self.files = src, files
+        self.stack = contextlib.ExitStack()
+        self.handles: dict[str, Any] = {}
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def get(self, name: str) -> Any:
+        from safetensors import safe_open
+
+        fname = self.files[name]
+        if fname not in self.handles:
+            handle = safe_open(str(self.src / fname), framework="pt")
+            self.handles[fname] = self.stack.enter_context(handle)
+        return self.handles[fname].get_tensor(name)
+
+
+def heads_of(model: Any) -> M.Heads:
+    """Attention shape of `cfg.model` for the QKV fusion."""
+    d = model.kv_channels or model.hidden_size // model.num_attention_heads
+    return M.Heads(model.num_attention_heads, model.num_query_groups, int(d))
+
+
+def _copy_in(param: Any, tensor: Any, name: str, hf_names: tuple[str, ...]) -> None:
+    """Copy a converted tensor into its parameter; vocab rows past the source are zeroed."""
+    import torch
+
+    rows = tensor.shape[0]
+    if (
+        tensor.dim() == 2
+        and rows < param.shape[0]
+        and name in (M.EMBEDDING.megatron, M.OUTPUT.megatron)
+    ):
+        with torch.no_grad():
+            param[rows:].zero_()
+        param = param[:rows]
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise UserError(
+            f"{', '.join(hf_names)}: shape {tuple(tensor.shape)} does not fit {name} "
+            f"{tuple(param.shape)} of the model config.json describes"
+        )
+    with torch.no_grad():
+        param.copy_(tensor)
+
+
+def stream_weights(
+    plan: Any, model: Any, cfg: Any, on_progress: Callable[[int, int], None] | None
+) -> None:
+    """Fill every parameter from the source, one layer's tensors in memory at a time."""
+    params = dict(model.named_parameters())
+    filled: set[str] = set()
+    heads = heads_of(cfg.model)
+    num_layers = cfg.model.num_layers
+    by_layer: list[list[Any]] = [[] for _ in range(num_layers + 1)]
+    for name, hf_names, op in plan.mapping:
+        layer = int(name.split(".")[2]) if name.startswith("decoder.layers.") else num_layers
+        by_layer[layer].append((name, hf_names, op))
+    with _Reader(plan.src, plan.files) as reader:
+        for done, rows in enumerate([by_layer[-1], *by_layer[:-1]]):
+            for name, hf_names, op in rows:
+                if name not in params:
+                    raise UserError(
+                        f"megatron-core's GPTModel has no parameter {name} (for {hf_names[0]})"
+                    )
+                tensor = M.to_megatron(M.Op(op), [reader.get(h) for h in hf_names], heads)
+                _copy_in(params[name], tensor, name, hf_names)
+                filled.add(name)
+            if on_progress is not None and done:
+                on_progress(done, num_layers)
+    unfilled = sorted(set(params) - filled)
+    if unfilled:
+        raise UserError(f"no source tensor for megatron parameter {unfilled[0]}")  # fmt: skip
+
+
+def save_checkpoint(model: Any, cfg: Any, layout: Any, ckpt_root: Path, source: str) -> Path:
+    """Save `model` as llmctl's committed checkpoint `iter_0000000` (manifest, latest)."""
+    from megatron.core import dist_checkpointing
+
+    from llmctl.config import cfg_to_yaml
+    from llmctl.train import ckpt_store as store
+    from llmctl.train.checkpoint import _ARCH_FIELDS, capture_rng, versions
+
+    tmp = ckpt_root / f"{store.TMP_PREFIX}{store.iter_name(0)}"
+    tmp.mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist_checkpointing.save({"model": model.sharded_state_dict()}, str(tmp))
+    header = {
+        "step": 0, "consumed_samples": 0, "world_size": 1, "layout": layout.as_dict(),
+        "model": {k: _value(getattr(cfg.model, k, None)) for k in _ARCH_FIELDS},
+        "versions": versions(), "backend": "torch_dist", "created_unix": time.time(),
+        "imported_from": source, "weights_only": True, "config_yaml": cfg_to_yaml(cfg),
+    }  # fmt: skip
+    store.write_json_durable(tmp / store.RNG_DIR / "rank_0.json", capture_rng())
+    store.write_json_durable(
+        tmp / store.TRAIN_STATE, header | {"scheduler": None, "data": [], "plan": {}}
+    )
+    store.write_rank_marker(tmp, 0, store.rank_files(tmp, 0))
+    return store.commit(ckpt_root, tmp, 0, store.build_manifest(tmp, 1, header))
+
+
+def _value(x: Any) -> Any:
+    return getattr(x, "value", x)
+
+
+def convert(
+    plan: Any, cfg: Any, ckpt_root: Path, on_progress: Callable[[int, int], None] | None
+) -> tuple[int, int]:
+    """Build, fill and save; returns (RSS before the model was allocated, parameter count)."""
+    from llmctl.hf.importer import _rss_bytes
+
+    with one_rank_megatron() as layout:
+        base = _rss_bytes()
+        model = empty_model(cfg, layout, plan.dtype)
+        stream_weights(plan, model, cfg, on_progress)
+        save_checkpoint(model, cfg, layout, ckpt_root, str(plan.src))
+        num = sum(int(p.numel()) for p in model.parameters())
+        del model
+    return base, num
