@@ -410,9 +410,15 @@ class DistCheckpointer:
             if stale:
                 log.info("removed leftovers of interrupted saves: %s", ", ".join(sorted(stale)))
             steps = store.committed_steps(self.root)
-        found = self._newest_valid(self._bcast(steps))
+        steps = self._bcast(steps)
+        found = self._newest_valid(steps)
         if found is not None:
             self.load_from(state, self.root / store.iter_name(found))
+        elif steps:  # never start over silently (a requeue, a torchrun restart)
+            raise UserError(
+                f"no valid checkpoint in {self.root} ({len(steps)} invalid; see the rank logs); "
+                "`llmctl resume RUN_DIR --restart-from-scratch` starts the run over"
+            )
 
     def _newest_valid(self, steps: list[int]) -> int | None:
         """Newest step whose checkpoint validates; every rank checksums a share of the files."""

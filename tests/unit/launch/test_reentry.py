@@ -225,3 +225,25 @@ def test_resume_applies_overrides_and_keeps_what_it_must(run: Path, tmp_path: Pa
     with pytest.raises(UserError, match="has no checkpoint to resume from"):
         prepare_resume(run, [])
     assert prepare_resume(run, [], restart_from_scratch=True).resume_point.step is None
+
+
+def test_ranks_never_start_over_silently(run: Path) -> None:
+    """The ranks' own check (a SLURM requeue or torchrun restart skips `llmctl resume`)."""
+    import torch
+
+    from llmctl.config import load_resolved
+    from llmctl.errors import UserError
+    from llmctl.train import run_in_process
+
+    for step in (2, 4):
+        _flip_a_byte(run / "checkpoints" / store.iter_name(step))
+    cfg = load_resolved(run / "config.yaml")
+    cfg.train.run_dir = str(run)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(UserError, match=r"no valid checkpoint in .*--restart-from-scratch"):
+            run_in_process(cfg, run)
+    finally:
+        torch.set_num_threads(threads)
+    assert store.committed_steps(run / "checkpoints") == [2, 4]  # evidence untouched
