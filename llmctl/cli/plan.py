@@ -12,19 +12,11 @@ from rich.text import Text
 
 from llmctl.cli.common import (
     ClusterFileOpt,
-    CpOpt,
-    DpOpt,
-    EpOpt,
-    GbsOpt,
-    GpusOpt,
     JsonOpt,
-    MbsOpt,
-    NodesOpt,
-    PpOpt,
+    LayoutFlags,
     RecipeArgs,
-    TpOpt,
-    VppOpt,
     compose_from_cli,
+    layout_flags,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +44,7 @@ COLORS = {
 }
 
 
+@layout_flags
 def plan(
     args: RecipeArgs = None,
     as_json: JsonOpt = False,
@@ -59,16 +52,8 @@ def plan(
     plot: PlotOpt = None,
     calibrate: CalibrateOpt = None,
     cluster_file: ClusterFileOpt = None,
-    tp: TpOpt = None,
-    pp: PpOpt = None,
-    vpp: VppOpt = None,
-    cp: CpOpt = None,
-    ep: EpOpt = None,
-    dp: DpOpt = None,
-    mbs: MbsOpt = None,
-    gbs: GbsOpt = None,
-    nodes: NodesOpt = None,
-    gpus_per_node: GpusOpt = None,
+    *,
+    layout: LayoutFlags,
 ) -> None:
     """Search parallel layouts; rank those that fit by predicted step time.
 
@@ -77,20 +62,7 @@ def plan(
     from llmctl.config.planning import plan_config
     from llmctl.plan.report import result_dict
 
-    cfg = compose_from_cli(
-        args,
-        cluster_file=cluster_file,
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        dp=dp,
-        mbs=mbs,
-        gbs=gbs,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-    )
+    cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
     result = plan_config(cfg, calibrate)
     if plot:
         _plot(result, plot)
