@@ -38,6 +38,17 @@ SHORT_FLAGS: dict[str, str] = {
 _RECIPE_NODE = "__llmctl_recipe__"
 _CLUSTER_FILE_NODE = "__llmctl_cluster_file__"
 _SCHEMA_NODE = "__llmctl_schema__"
+#: Cluster keys renamed in 0.2 (they hold GB/s, not Gb/s); old names still load.
+CLUSTER_KEY_ALIASES = {
+    "hbm_bandwidth_gbps": "hbm_bandwidth_gb_s",
+    "nvlink_bandwidth_gbps": "nvlink_bandwidth_gb_s",
+    "internode_bandwidth_gbps": "internode_bandwidth_gb_s",
+}
+
+
+def cluster_aliases(body: dict[str, Any]) -> dict[str, Any]:
+    """A cluster mapping with old key names replaced by their new names."""
+    return {CLUSTER_KEY_ALIASES.get(k, k): v for k, v in body.items()}
 
 
 def flag_overrides(**flags: int | None) -> list[str]:
@@ -122,6 +133,8 @@ def compose(
 
     path = resolve_recipe(recipe)
     body = _load_yaml(path)
+    if isinstance(body.get("cluster"), dict):
+        body["cluster"] = cluster_aliases(body["cluster"])
     choices = _recipe_choices(path, body)
     store = ConfigStore.instance()
     if cluster_file is not None:
@@ -171,6 +184,8 @@ def _adopt_packed_seq_length(cfg: RootConfig, overrides: list[str]) -> None:
 
 def from_dict(data: dict[str, Any], source: str = "config") -> RootConfig:
     """Type-check a plain dict against the schema and build the dataclasses."""
+    if isinstance(data.get("cluster"), dict):
+        data = {**data, "cluster": cluster_aliases(data["cluster"])}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), data)
         obj = OmegaConf.to_object(merged)
@@ -184,7 +199,7 @@ def _load_cluster_file(cluster_file: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"cluster file {cluster_file} does not exist")
     body = _load_yaml(path)
-    body = cast(dict[str, Any], body.get("cluster", body))
+    body = cluster_aliases(cast(dict[str, Any], body.get("cluster", body)))
     try:
         OmegaConf.merge(OmegaConf.structured(RootConfig).cluster, body)
     except OmegaConfBaseException as exc:

@@ -7,6 +7,7 @@ frozen). It also reads the `perf.json` records that `--calibrate RUN_DIR` points
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from llmctl.config.schema import (
@@ -21,6 +22,7 @@ from llmctl.plan import (
     AttentionKernel,
     ClusterSpec,
     Constraints,
+    Efficiency,
     ModelSpec,
     PerfRecord,
     PlanInput,
@@ -60,6 +62,25 @@ def model_spec(cfg: RootConfig) -> ModelSpec:
     )
 
 
+def efficiency(values: dict[str, float], source: str) -> Efficiency:
+    """Calibration knobs from a cluster's `efficiency` mapping (absent keys: defaults).
+
+    Raises:
+        UserError: an unknown key or an out-of-range value, naming `source`.
+    """
+    known = {f.name for f in fields(Efficiency)}
+    for key in values:
+        if key not in known:
+            raise UserError(
+                f"{source}: efficiency.{key} is not a known knob; expected one of "
+                f"{', '.join(sorted(known))}"
+            )
+    try:
+        return Efficiency(**{k: float(v) for k, v in values.items()})
+    except ValueError as exc:
+        raise UserError(f"{source}: {exc}") from None
+
+
 def cluster_spec(cfg: RootConfig) -> ClusterSpec:
     """Frozen hardware description."""
     c = cfg.cluster
@@ -68,30 +89,54 @@ def cluster_spec(cfg: RootConfig) -> ClusterSpec:
         num_nodes=c.num_nodes,
         gpus_per_node=c.gpus_per_node,
         hbm_gib=c.hbm_gib,
-        hbm_bandwidth_gbps=c.hbm_bandwidth_gbps,
+        hbm_bandwidth_gb_s=c.hbm_bandwidth_gb_s,
         peak_tflops=dict(c.peak_tflops),
         achievable_fraction=dict(c.achievable_fraction),
         nvlink_domain_size=c.nvlink_domain_size,
-        nvlink_bandwidth_gbps=c.nvlink_bandwidth_gbps,
-        internode_bandwidth_gbps=c.internode_bandwidth_gbps,
+        nvlink_bandwidth_gb_s=c.nvlink_bandwidth_gb_s,
+        internode_bandwidth_gb_s=c.internode_bandwidth_gb_s,
         internode_latency_us=c.internode_latency_us,
         cuda_context_gib=c.cuda_context_gib,
         nccl_buffer_gib=c.nccl_buffer_gib,
         fragmentation_fraction=c.fragmentation_fraction,
+        sm_count=c.sm_count,
+        efficiency=efficiency(dict(c.efficiency), f"cluster {c.name}"),
     )
 
 
+def attention_kernel(cfg: RootConfig) -> AttentionKernel:
+    """The attention kernel megatron-core + Transformer Engine would run: `auto` is flash
+    attention on CUDA with 16-bit or FP8 compute and the unfused (local) kernel otherwise."""
+    asked = str(cfg.precision.attention_backend)
+    if asked != "auto":
+        return AttentionKernel(asked)
+    flash = cfg.cluster.device == "cuda" and str(cfg.precision.dtype) != "fp32"
+    return AttentionKernel.flash if flash else AttentionKernel.unfused
+
+
 def run_spec(cfg: RootConfig) -> RunSpec:
-    """Batch and numerics. Flash attention on CUDA with 16-bit or FP8 compute."""
-    dtype = str(cfg.precision.dtype)
-    flash = cfg.cluster.device == "cuda" and dtype != "fp32"
+    """Batch and numerics, with megatron-core's defaults for unset gradient dtypes.
+
+    Gradients: fp32 main gradients reduced in fp32 unless set (Megatron-LM turns
+    `grad_reduce_in_fp32` on for bf16; Megatron-Bridge's `bf16_mixed` and FP8 mixed recipes
+    too). FP8 recipes keep FP8 weights and gather them in FP8 unless `fp8_param_gather` is
+    false (Bridge's `bf16_with_fp8_*_mixed` set it).
+    """
+    p = cfg.precision
+    dtype = str(p.dtype)
+    fp8 = dtype == "fp8"
+    grad = str(p.grad_dtype) if p.grad_dtype is not None else "fp32"
     return RunSpec(
         global_batch_size=cfg.train.global_batch_size,
         compute_dtype=dtype,
-        params_dtype=str(cfg.precision.params_dtype),
-        fp8=dtype == "fp8",
-        attention=AttentionKernel.flash if flash else AttentionKernel.unfused,
+        params_dtype=str(p.params_dtype),
+        grad_dtype=grad,
+        grad_reduce_dtype=str(p.grad_reduce_dtype) if p.grad_reduce_dtype is not None else grad,
+        fp8=fp8,
+        fp8_param_gather=fp8 and (p.fp8_param_gather is None or p.fp8_param_gather),
+        attention=attention_kernel(cfg),
         train_tokens=cfg.train.train_tokens,
+        freeze_embeddings=cfg.train.freeze_embeddings,
     )
 
 
@@ -116,6 +161,7 @@ def plan_input(cfg: RootConfig) -> PlanInput:
         headroom_fraction=s.headroom_fraction,
         micro_batch_sizes=tuple(s.micro_batch_sizes),
         allow_uneven_pp=s.allow_uneven_pp,
+        balance_loss=s.balance_loss,
     )
     return PlanInput(
         model=model_spec(cfg),

@@ -48,6 +48,13 @@ class Dtype(StrEnum):
     fp8 = "fp8"
 
 
+class AttentionBackend(StrEnum):
+    auto = "auto"
+    flash = "flash"
+    fused = "fused"
+    unfused = "unfused"
+
+
 class Fp8Recipe(StrEnum):
     none = "none"
     delayed = "delayed"
@@ -122,7 +129,9 @@ class ClusterConfig:
     num_nodes: int = doc(1, "Number of nodes.")
     gpus_per_node: int = doc(8, "Accelerators (or ranks on CPU) per node.")
     hbm_gib: float = doc(text="Memory per accelerator, GiB.")
-    hbm_bandwidth_gbps: float = doc(text="Memory bandwidth per accelerator, GB/s.")
+    hbm_bandwidth_gb_s: float = doc(
+        text="Memory bandwidth per accelerator, GB/s (old name hbm_bandwidth_gbps)."
+    )
     peak_tflops: dict[str, float] = doc(
         factory=dict, text="Dense peak TFLOP/s per dtype (fp32, tf32, bf16, fp16, fp8, fp4)."
     )
@@ -130,14 +139,20 @@ class ClusterConfig:
         factory=dict, text="Fraction of peak large GEMMs reach in practice, per dtype."
     )
     nvlink_domain_size: int = doc(8, "GPUs sharing one NVLink domain (8 for DGX, 72 for NVL72).")
-    nvlink_bandwidth_gbps: float = doc(text="NVLink bandwidth per GPU, one direction, GB/s.")
-    internode_bandwidth_gbps: float = doc(text="Inter-node bandwidth per GPU, one direction, GB/s.")
+    nvlink_bandwidth_gb_s: float = doc(text="NVLink bandwidth per GPU, one direction, GB/s.")
+    internode_bandwidth_gb_s: float = doc(text="Inter-node bandwidth per GPU, one direction, GB/s.")
     internode_latency_us: float = doc(5.0, "Inter-node message latency, microseconds.")
     cuda_context_gib: float = doc(0.5, "Memory taken by the CUDA context and kernels, GiB.")
     nccl_buffer_gib: float = doc(1.0, "Memory taken by NCCL communicator buffers, GiB.")
     fragmentation_fraction: float = doc(0.05, "Allocator fragmentation, fraction of allocated.")
     cpu_cores: int | None = doc(None, "CPU cores per node, if known.")
     host_memory_gib: float | None = doc(None, "Host memory per node, GiB, if known.")
+    sm_count: int = doc(0, "Streaming multiprocessors per GPU (wave quantization); 0 = ignore.")
+    efficiency: dict[str, float] = doc(
+        factory=dict,
+        text="Step-time calibration knobs (llmctl.plan.Efficiency fields); written by "
+        "`plan --calibrate`, defaults when absent.",
+    )
 
 
 @dataclass(kw_only=True)
@@ -168,6 +183,20 @@ class PrecisionConfig:
     params_dtype: Dtype = doc(Dtype.fp32, "Dtype of the model parameters (fp32 or bf16).")
     fp8_recipe: Fp8Recipe = doc(Fp8Recipe.none, "FP8 scaling recipe (Transformer Engine).")
     fp8_amax_history_len: int = doc(1024, "Amax history length for delayed scaling.")
+    grad_dtype: Dtype | None = doc(
+        None, "Main-gradient buffer dtype; None = fp32 (megatron grad_reduce_in_fp32 for bf16)."
+    )
+    grad_reduce_dtype: Dtype | None = doc(
+        None, "Data-parallel gradient reduce dtype; None = grad_dtype (one buffer in mcore)."
+    )
+    fp8_param_gather: bool | None = doc(
+        None, "Keep GEMM weights in FP8 and all-gather them in FP8; None = on for FP8 recipes."
+    )
+    attention_backend: AttentionBackend = doc(
+        AttentionBackend.auto,
+        "Core attention kernel: auto (flash on CUDA with 16-bit/FP8 compute, else unfused), "
+        "flash, fused or unfused.",
+    )
 
 
 class WandbMode(StrEnum):
@@ -202,6 +231,9 @@ class TrainConfig:
     adam_beta2: float = doc(0.95, "Adam beta2.")
     adam_eps: float = doc(1e-8, "Adam epsilon.")
     clip_grad: float = doc(1.0, "Gradient-norm clipping threshold.")
+    freeze_embeddings: bool = doc(
+        False, "Freeze the input embeddings (fine-tuning): no gradients or optimizer state."
+    )
     seed: int = doc(1234, "Random seed.")
     log_interval: int = doc(1, "Steps between metric records.")
     wandb: WandbConfig = doc(factory=WandbConfig, text="Weights & Biases tracking.")
@@ -276,6 +308,11 @@ class PlanConfig:
         factory=lambda: [1, 2, 4, 8], text="Micro-batch sizes the search considers."
     )
     allow_uneven_pp: bool = doc(False, "Allow PP sizes that do not divide the layer count.")
+    balance_loss: bool = doc(
+        False,
+        "Assume Megatron's pipeline_model_parallel_layout moves layers off the loss stage "
+        "(Megatron-Bridge perf recipes do; llmctl train does not yet).",
+    )
 
 
 @dataclass(kw_only=True)

@@ -76,6 +76,7 @@ class Layout:
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.none
     sharding: Sharding = Sharding.distributed
+    loss_balanced: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size"):
@@ -107,6 +108,8 @@ class Layout:
         if self.sequence_parallel:
             parts.append("SP")
         parts += [f"rc={self.recompute.value}", f"opt={self.sharding.value}"]
+        if self.loss_balanced and self.pp > 1:
+            parts.append("lossbal")
         return " ".join(parts)
 
     def as_dict(self) -> dict[str, int | bool | str]:
@@ -122,6 +125,7 @@ class Layout:
             "sequence_parallel": self.sequence_parallel,
             "recompute": self.recompute.value,
             "optimizer_sharding": self.sharding.value,
+            "loss_balanced": self.loss_balanced,
         }
 
 

@@ -27,9 +27,13 @@ micro-batches on the first stage (Korthikanti et al. Appendix B). The first stag
 embedding dropout mask; the last stage adds the final norm and output-layer inputs (4sbh)
 and the fp32 logits kept by the cross entropy (4sbV/t).
 
-FP8 (Transformer Engine) keeps an fp8 copy and transpose of each GEMM weight: 2 bytes per
-layer parameter, and saves the inputs of the four GEMMs (QKV, projection, fc1, fc2) in fp8
-for the backward pass (1 byte instead of 2); other activations stay 16-bit. Fixed overheads
+FP8 (Transformer Engine) saves the inputs of the four GEMMs (QKV, projection, fc1, fc2) in
+fp8 for the backward pass (1 byte instead of 2); other activations stay 16-bit. With 16-bit
+weights TE caches an fp8 copy and transpose of each GEMM weight (2 bytes per layer
+parameter); with `fp8_param_gather` (Megatron-Bridge's FP8 recipes) the weights themselves
+are fp8 (1 byte) and only the transpose of the layer in flight exists. Gradients take
+`grad_dtype` bytes (megatron-core's grad buffer: fp32 with grad_reduce_in_fp32, else the
+parameter dtype). Fixed overheads
 (CUDA context, NCCL buffers) and the allocator fragmentation fraction come from the cluster
 config.
 """
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llmctl.plan.layout import Layout, StageSplit
-from llmctl.plan.params import layer_params, stage_params
+from llmctl.plan.params import embedding_params, layer_params, stage_params
 from llmctl.plan.specs import (
     BYTES,
     AttentionKernel,
@@ -156,9 +160,9 @@ def _last_extra(model: ModelSpec, layout: Layout) -> float:
 
 def _static(
     model: ModelSpec, run: RunSpec, layout: Layout, split: StageSplit, m: int, rank: int
-) -> tuple[float, float, int, int, float]:
+) -> tuple[float, float, int, int, float, float]:
     """Sharding-independent part of a stage: (dense params, expert params, params of one
-    layer, layers, activation bytes)."""
+    layer, layers, activation bytes, frozen params)."""
     pp = layout.pp
     first, last = rank == 0, rank == pp - 1
     layers = split.first if first else (split.last if last else split.middle)
@@ -181,28 +185,55 @@ def _static(
     if last:
         acts += _last_extra(model, layout)
     lp = layer_params(model, layout.tp, layout.ep).total
-    return float(params.dense), float(params.expert), lp, layers, acts
+    frozen = embedding_params(model, layout.tp) if first and run.freeze_embeddings else 0
+    return float(params.dense), float(params.expert), lp, layers, acts, float(frozen)
 
 
 def _states(
     run: RunSpec,
     sharding: Sharding,
-    static: tuple[float, float, int, int, float],
+    static: tuple[float, float, int, int, float, float],
     shard: int,
     ep: int,
 ) -> tuple[float, float, float, float]:
     """Bytes of (weights, grads, optimizer, fp8 buffers) for one sharding choice."""
-    dense, expert, lp, layers, _ = static
+    dense, expert, lp, layers, _, frozen = static
     wd, gd, od = state_bytes(run, sharding, shard)
     we, ge, oe = state_bytes(run, sharding, max(1, shard // ep))
     weights = dense * wd + expert * we
     grads = dense * gd + expert * ge
     optimizer = dense * od + expert * oe
+    grads -= frozen * gd  # train.freeze_embeddings: frozen params keep weights only
+    optimizer -= frozen * od
     if sharding == Sharding.full:
         weights += 2 * lp * BYTES[run.params_dtype]
         grads += 2 * lp * BYTES[run.grad_dtype]
-    fp8 = 2.0 * (2 if sharding == Sharding.full else layers) * lp if run.fp8 else 0.0
-    return weights, grads, optimizer, fp8
+    return (
+        weights - _fp8_weight_saving(run, sharding, lp * layers, shard),
+        grads,
+        optimizer,
+        (_fp8_buffers(run, sharding, lp, layers)),
+    )
+
+
+def _fp8_weight_saving(run: RunSpec, sharding: Sharding, layer_params: float, shard: int) -> float:
+    """Bytes saved when GEMM weights are kept in FP8 (`fp8_param_gather`) instead of 16-bit."""
+    if not (run.fp8 and run.fp8_param_gather):
+        return 0.0
+    saved = layer_params * (BYTES[run.params_dtype] - 1.0)
+    return saved / shard if sharding == Sharding.full else saved
+
+
+def _fp8_buffers(run: RunSpec, sharding: Sharding, lp: float, layers: int) -> float:
+    """Transformer Engine's FP8 weight copies: with 16-bit weights it caches an FP8 copy and
+    its transpose of every GEMM weight across micro-batches (2 bytes per layer parameter);
+    with FP8 weights (`fp8_param_gather`) only the transpose of the layer being computed is
+    alive (megatron-core's default `keep_fp8_transpose_cache=False`), counted as two layers."""
+    if not run.fp8:
+        return 0.0
+    if run.fp8_param_gather:
+        return 2.0 * lp
+    return 2.0 * (2 if sharding == Sharding.full else layers) * lp
 
 
 def stage_terms(

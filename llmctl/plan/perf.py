@@ -1,41 +1,57 @@
-"""Step time of one layout: compute, pipeline bubble and the exposed part of communication.
+"""Step time of one layout: GEMMs, attention, element-wise work, communication, schedule.
 
-Why this shape: a training step on the bottleneck pipeline stage is (m + (pp-1)/vpp)
-micro-batch slots (1F1B with the interleaved bubble (pp-1)/(vpp*m)), each slot the stage's
-forward + backward of one micro-batch. A slot is GEMM time at the cluster's achievable
-fraction of the dense peak of the compute dtype; core attention at the 16-bit rate (FP8
-recipes keep attention in bf16), slowed for short chunks (context parallelism splits the
-sequence into 2*CP chunks); memory-bound element-wise work (norms, activations, casts) at HBM
-bandwidth; plus the exposed part of the tensor-parallel collectives (4 all-reduce
-equivalents per layer, 6 with full recompute; sequence parallelism turns each into an
-all-gather + reduce-scatter of the same volume), the context-parallel ring exchange of K/V
-beyond what the attention compute hides, and MoE all-to-alls. Outside the slots: pipeline
-p2p fill/drain, the data-parallel reduce-scatter/all-gather not hidden behind the last
-micro-batch (per micro-batch for full sharding) and the optimizer step (memory bound).
+Why this shape: a training step on the bottleneck pipeline stage is m micro-batch slots plus
+the pipeline bubble ((pp-1)/vpp slots for the interleaved 1F1B schedule), each slot the
+stage's forward + backward of one micro-batch. Inside a slot:
 
-The named constants below are the model's calibration knobs (docs/planner.md); the cluster's
-`achievable_fraction` is the main one and `llmctl plan --calibrate RUN_DIR` rescales it.
+- GEMMs one by one (QKV, projection, fc1, fc2, logits; forward, data-gradient and
+  weight-gradient shapes), each at the cluster's large-GEMM `achievable_fraction` of the dense
+  peak of the compute dtype, reduced by wave quantization (output tiles of 128x128 over
+  `sm_count` SMs) and never faster than moving its operands through HBM (memory-bound small
+  GEMMs). Small models, wide TP and small micro-batches cost what their GEMM shapes cost.
+- Core attention: flash/fused kernels at `efficiency.attention` of the 16-bit peak (FP8
+  recipes keep attention in bf16), slower for short chunks (context parallelism splits the
+  sequence into 2*CP chunks); the unfused kernel as score GEMMs plus softmax/mask passes.
+- Element-wise kernels (norms, activations, casts) at HBM bandwidth, a fixed
+  `efficiency.layer_overhead_us` per layer, `efficiency.chunk_overhead_us` per virtual stage.
+- Exposed communication: tensor-parallel all-gathers/reduce-scatters (1 - `tp_overlap`), the
+  context-parallel K/V ring beyond the attention time that hides it, MoE all-to-alls.
+
+Outside the slots: pipeline sends/receives (2 per micro-batch per virtual stage, so their
+number grows with VPP x micro-batches; `p2p_overlap` of the steady-state ones hidden, fill
+and drain exposed), the data-parallel reduce-scatter (in `grad_reduce_dtype`) and parameter
+all-gather (fp8 with `fp8_param_gather`) beyond what the last micro-batch hides, the
+optimizer step (memory bound) and a fixed per-step overhead. Links run at `efficiency.link`
+of their nominal bandwidth. The knobs are fitted per cluster (docs/planner.md) and refitted
+on measured runs by `llmctl plan --calibrate`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from math import ceil
 
 from llmctl.plan.flops import recompute_factor, step_flops, token_flops
 from llmctl.plan.layout import Layout, StageSplit
 from llmctl.plan.memory import layer_activation_bytes
 from llmctl.plan.params import embedding_params, layer_params, stage_params
-from llmctl.plan.specs import BYTES, ClusterSpec, ModelSpec, Recompute, RunSpec, Sharding
+from llmctl.plan.specs import (
+    BYTES,
+    AttentionKernel,
+    ClusterSpec,
+    ModelSpec,
+    Recompute,
+    RunSpec,
+    Sharding,
+)
 
-#: Fraction of tensor-parallel collective time not hidden behind GEMMs.
-TP_COMM_EXPOSED = 0.5
-#: HBM passes over each layer's stored activations by element-wise kernels (fwd + bwd).
-ELEMENTWISE_PASSES = 4.0
-#: Bytes of HBM traffic per locally owned parameter in the Adam step (mixed precision).
-OPTIMIZER_BYTES_PER_PARAM = 30.0
-#: Attention chunk length (tokens) at which flash attention runs at half its large-chunk rate;
-#: context parallelism splits the sequence into 2*CP chunks, so it pays through this term.
+#: Output tile of a tensor-core GEMM (rows x columns) for wave quantization.
+TILE = 128
+#: HBM bytes per element of the a*s*s score matrix for the unfused kernel (fwd + bwd:
+#: write, softmax read/write, mask/dropout, and the same backward).
+UNFUSED_SCORE_BYTES = 16.0
+#: Attention chunk length (tokens) at which flash attention runs at half its long-chunk rate.
 ATTENTION_CHUNK_KNEE = 256.0
 #: NVLink collective latency per ring step, microseconds.
 NVLINK_LATENCY_US = 3.0
@@ -45,7 +61,10 @@ NVLINK_LATENCY_US = 3.0
 class StepTime:
     """Seconds per optimizer step, by named term."""
 
-    compute_s: float
+    gemm_s: float
+    attention_s: float
+    elementwise_s: float
+    overhead_s: float
     bubble_s: float
     tp_comm_s: float
     cp_comm_s: float
@@ -59,10 +78,18 @@ class StepTime:
         """Step time."""
         return sum(self.terms().values())
 
+    @property
+    def compute_s(self) -> float:
+        """GEMM, attention and element-wise seconds together."""
+        return self.gemm_s + self.attention_s + self.elementwise_s
+
     def terms(self) -> dict[str, float]:
         """Named terms in a stable order."""
         return {
-            "compute": self.compute_s,
+            "gemm": self.gemm_s,
+            "attention": self.attention_s,
+            "elementwise": self.elementwise_s,
+            "overhead": self.overhead_s,
             "bubble": self.bubble_s,
             "tp_comm": self.tp_comm_s,
             "cp_comm": self.cp_comm_s,
@@ -73,25 +100,114 @@ class StepTime:
         }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slot:
+    """Seconds of one micro-batch forward + backward on one stage, by kind."""
+
+    gemm: float
+    attention: float
+    elementwise: float
+    overhead: float
+    tp: float
+    cp: float
+    moe: float
+
+    @property
+    def total(self) -> float:
+        """The whole slot."""
+        return (
+            self.gemm + self.attention + self.elementwise + self.overhead + self.tp + self.cp
+        ) + self.moe
+
+
 def _link(cluster: ClusterSpec, span: int) -> tuple[float, float]:
     """(bytes/s, latency s) of a group spanning `span` consecutive ranks."""
+    eff = cluster.efficiency.link
     if span <= cluster.nvlink_domain_size:
-        return cluster.nvlink_bandwidth_gbps * 1e9, NVLINK_LATENCY_US * 1e-6
-    return cluster.internode_bandwidth_gbps * 1e9, cluster.internode_latency_us * 1e-6
+        return cluster.nvlink_bandwidth_gb_s * 1e9 * eff, NVLINK_LATENCY_US * 1e-6
+    return cluster.internode_bandwidth_gb_s * 1e9 * eff, cluster.internode_latency_us * 1e-6
 
 
 def ring_time(cluster: ClusterSpec, n: int, span: int, nbytes: float) -> float:
-    """Seconds of one ring reduce-scatter or all-gather of `nbytes` over `n` ranks."""
+    """Seconds of one reduce-scatter or all-gather of `nbytes` over `n` ranks spread evenly
+    over `span` consecutive ranks. Inside the NVLink domain a ring; across nodes NCCL's
+    hierarchical form: an NVLink stage over the r group ranks of a node, then N nodes
+    exchange 1/r of the data each over their own NICs (every GPU has one)."""
     if n <= 1:
         return 0.0
-    bw, lat = _link(cluster, span)
-    return (n - 1) / n * nbytes / bw + (n - 1) * lat
+    if span <= cluster.nvlink_domain_size:
+        bw, lat = _link(cluster, span)
+        return (n - 1) / n * nbytes / bw + (n - 1) * lat
+    nodes = min(n, max(1, ceil(span / cluster.nvlink_domain_size)))
+    r = max(1, n // nodes)
+    nvl, nvl_lat = _link(cluster, 1)
+    ib, ib_lat = _link(cluster, span)
+    intra = (r - 1) / r * nbytes / nvl + (r - 1) * nvl_lat
+    return intra + (nodes - 1) / nodes * nbytes / (r * ib) + (nodes - 1) * ib_lat
+
+
+def gemm_s(cluster: ClusterSpec, dtype: str, m: float, n: float, k: float) -> float:
+    """Seconds of one (m x k) @ (k x n) GEMM: compute at the achievable rate after wave
+    quantization, or HBM traffic of its operands, whichever is longer."""
+    rate = cluster.tflops(dtype) * 1e12
+    if cluster.sm_count:
+        tiles = ceil(m / TILE) * ceil(n / TILE)
+        waves = ceil(tiles / cluster.sm_count)
+        rate *= tiles / (waves * cluster.sm_count)
+    traffic = BYTES[dtype] * (m * k + k * n) + 2.0 * m * n
+    return max(2.0 * m * n * k / rate, traffic / (cluster.hbm_bandwidth_gb_s * 1e9))
+
+
+def _fwd_bwd(cluster: ClusterSpec, dtype: str, m: float, n: float, k: float, fwd: float) -> float:
+    """Forward (`fwd` times, 2 with full recompute), data-gradient and weight-gradient GEMMs."""
+    return (
+        fwd * gemm_s(cluster, dtype, m, n, k)
+        + gemm_s(cluster, dtype, m, k, n)
+        + (gemm_s(cluster, dtype, n, k, m))
+    )
+
+
+def layer_gemm_s(
+    model: ModelSpec, cluster: ClusterSpec, dtype: str, tokens: float, tp: int, ep: int, fwd: float
+) -> float:
+    """GEMM seconds of one layer for `tokens` tokens on one TP rank (forward + backward)."""
+    h, d = model.hidden_size, model.kv_channels
+    q, kv = model.num_attention_heads * d, model.num_query_groups * d
+    width = 2 if model.gated_mlp else 1
+    t = _fwd_bwd(cluster, dtype, tokens, (q + 2 * kv) / tp, h, fwd)
+    t += _fwd_bwd(cluster, dtype, tokens, h, q / tp, fwd)
+    if not model.is_moe:
+        f = model.ffn_hidden_size
+        t += _fwd_bwd(cluster, dtype, tokens, width * f / tp, h, fwd)
+        return t + _fwd_bwd(cluster, dtype, tokens, h, f / tp, fwd)
+    local = max(1, model.num_experts // ep)
+    m_e = max(1.0, tokens * model.moe_router_topk / local)
+    f = model.expert_ffn
+    t += local * _fwd_bwd(cluster, dtype, m_e, width * f / tp, h, fwd)
+    return t + local * _fwd_bwd(cluster, dtype, m_e, h, f / tp, fwd)
+
+
+def _attention_s(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout, tokens: float, mul: float
+) -> float:
+    """Core-attention seconds of one layer (forward + backward, `mul` for recompute)."""
+    dtype16 = "bf16" if run.fp8 else run.compute_dtype
+    flops = tokens * token_flops(model).layer_core_attention * mul / lay.tp
+    if run.attention == AttentionKernel.unfused:
+        scores = lay.micro_batch_size * model.num_attention_heads / lay.tp
+        scores *= model.seq_length / lay.cp * model.seq_length
+        memory = UNFUSED_SCORE_BYTES * scores * mul / (cluster.hbm_bandwidth_gb_s * 1e9)
+        return 2.0 * flops / (cluster.tflops(dtype16) * 1e12) + memory
+    chunk = model.seq_length / (2 * lay.cp) if lay.cp > 1 else float(model.seq_length)
+    rate = cluster.peak_tflops.get(dtype16, cluster.tflops(dtype16)) * 1e12
+    rate *= cluster.efficiency.attention * chunk / (chunk + ATTENTION_CHUNK_KNEE)
+    return flops / rate
 
 
 def _slot(
     model: ModelSpec, cluster: ClusterSpec, run: RunSpec, lay: Layout, layers: int, last: bool
-) -> tuple[float, float, float, float]:
-    """(compute, tp, cp, moe) seconds of one micro-batch forward+backward on a stage."""
+) -> Slot:
+    """Seconds of one micro-batch forward + backward on a stage of `layers` layers."""
     return _slot_cached(
         model,
         cluster,
@@ -99,6 +215,7 @@ def _slot(
         lay.tp,
         lay.cp,
         lay.ep,
+        lay.vpp,
         lay.micro_batch_size,
         lay.sequence_parallel,
         lay.recompute,
@@ -115,12 +232,13 @@ def _slot_cached(
     tp_size: int,
     cp_size: int,
     ep: int,
+    vpp: int,
     mbs: int,
     sp: bool,
     recompute: Recompute,
     layers: int,
     last: bool,
-) -> tuple[float, float, float, float]:
+) -> Slot:
     lay = Layout(
         tp=tp_size,
         cp=cp_size,
@@ -129,39 +247,47 @@ def _slot_cached(
         sequence_parallel=sp,
         recompute=recompute,
     )
-    tok = lay.micro_batch_size * model.seq_length / lay.cp
+    tok = mbs * model.seq_length / cp_size
     fl = token_flops(model)
-    g_mul, c_mul = recompute_factor(fl, lay.recompute)
-    gemm_rate = cluster.tflops(run.compute_dtype) * 1e12
-    core_rate = cluster.tflops("bf16" if run.fp8 else run.compute_dtype) * 1e12
-    gemm = tok * fl.layer_gemm * g_mul / lay.tp / gemm_rate
-    chunk = model.seq_length / (2 * lay.cp) if lay.cp > 1 else float(model.seq_length)
-    core_rate *= chunk / (chunk + ATTENTION_CHUNK_KNEE)
-    core = tok * fl.layer_core_attention * c_mul / lay.tp / core_rate
-    act = layer_activation_bytes(
-        model,
-        run,
-        tp=lay.tp,
-        cp=lay.cp,
-        mbs=lay.micro_batch_size,
-        sp=lay.sequence_parallel,
-        recompute=Recompute.selective,
-    )
-    elem = ELEMENTWISE_PASSES * act * g_mul / (cluster.hbm_bandwidth_gbps * 1e9)
-    compute = layers * (gemm + core + elem)
+    g_mul, c_mul = recompute_factor(fl, recompute)
+    fwd = 2.0 if recompute == Recompute.full else 1.0
+    gemm = layers * layer_gemm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, fwd)
     if last:
-        compute += tok * fl.logits / lay.tp / gemm_rate
+        gemm += _logits_s(model, cluster, run, tok, tp_size)
+    core = _attention_s(model, cluster, run, lay, tok, c_mul)
+    act = layer_activation_bytes(
+        model, run, tp=tp_size, cp=cp_size, mbs=mbs, sp=sp, recompute=Recompute.selective
+    )
+    elem = cluster.efficiency.elementwise_passes * act * g_mul / (cluster.hbm_bandwidth_gb_s * 1e9)
+    eff = cluster.efficiency
+    per_layer = eff.layer_overhead_us * fwd + eff.cp_step_overhead_us * (cp_size - 1)
+    overhead = (layers * per_layer + vpp * eff.chunk_overhead_us) * 1e-6
     msg = tok * model.hidden_size * 2.0
-    n_ar = 6 if lay.recompute == Recompute.full else 4
-    tp = layers * n_ar * 2.0 * ring_time(cluster, lay.tp, lay.tp, msg) * TP_COMM_EXPOSED
-    kv = 2.0 * tok * model.num_query_groups * model.kv_channels * 2.0 / lay.tp
-    cp_ring = 3.0 * (lay.cp - 1) * kv / _link(cluster, lay.tp * lay.cp)[0]
-    cp = layers * max(0.0, cp_ring - core)
+    n_coll = 12 if recompute == Recompute.full else 8
+    tp = layers * n_coll * ring_time(cluster, tp_size, tp_size, msg) * (1.0 - eff.tp_overlap)
+    kv = 2.0 * tok * model.num_query_groups * model.kv_channels * 2.0 / tp_size
+    bw, lat = _link(cluster, tp_size * cp_size)
+    ring = 3.0 * (cp_size - 1) * (kv / bw + lat) if cp_size > 1 else 0.0
+    cp = layers * _exposed(ring, core, eff.overlap_cost)
     moe = 0.0
-    if model.is_moe and lay.ep > 1:
-        a2a = tok * model.moe_router_topk * model.hidden_size * 2.0 / lay.tp
-        moe = layers * 4.0 * ring_time(cluster, lay.ep, lay.tp * lay.ep, a2a)
-    return compute, tp, cp, moe
+    if model.is_moe and ep > 1:
+        a2a = tok * model.moe_router_topk * model.hidden_size * 2.0 / tp_size
+        moe = layers * 4.0 * ring_time(cluster, ep, tp_size * ep, a2a)
+    return Slot(
+        gemm=gemm,
+        attention=layers * core,
+        elementwise=layers * elem,
+        overhead=overhead,
+        tp=tp,
+        cp=cp,
+        moe=moe,
+    )
+
+
+def _logits_s(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, tok: float, tp: int) -> float:
+    """Output-layer GEMMs (bf16 under FP8 recipes: Transformer Engine leaves them 16-bit)."""
+    dtype = "bf16" if run.fp8 else run.compute_dtype
+    return _fwd_bwd(cluster, dtype, tok, model.vocab_size / tp, model.hidden_size, 1.0)
 
 
 def _dp_time(
@@ -187,32 +313,45 @@ def _dp_time(
         last=lay.pp == 1,
     )
     span = lay.tp * lay.cp * lay.dp
-    wbytes = 2.0 if run.params_dtype != "fp32" else 4.0
-    gbytes = BYTES[run.grad_dtype]
+    wbytes = 1.0 if run.fp8_param_gather else BYTES[run.params_dtype]
+    gbytes = BYTES[run.grad_reduce_dtype]
     rs = ring_time(cluster, n, span, p.dense * gbytes)
     ag = ring_time(cluster, n, span, p.dense * wbytes)
     if p.expert:
         ne = max(1, n // lay.ep)
         rs += ring_time(cluster, ne, span, p.expert * gbytes)
         ag += ring_time(cluster, ne, span, p.expert * wbytes)
+    cost = cluster.efficiency.overlap_cost
     if lay.sharding == Sharding.full:
-        return m * max(0.0, 2.0 * ag + rs - slot_s)
+        return m * _exposed(2.0 * ag + rs, slot_s, cost)
     if lay.sharding == Sharding.none:
         rs, ag = 2.0 * rs, 0.0
-    return max(0.0, rs - 2.0 / 3.0 * slot_s) + max(0.0, ag - slot_s / 3.0)
+    return _exposed(rs, 2.0 / 3.0 * slot_s, cost) + _exposed(ag, slot_s / 3.0, cost)
+
+
+def _exposed(comm: float, window: float, cost: float) -> float:
+    """Seconds `comm` adds when overlapped with `window` seconds of compute: the part that
+    does not fit, plus `cost` of the hidden part (SMs and HBM taken by the collective)."""
+    hidden = min(comm, window)
+    return comm - hidden + cost * hidden
 
 
 def step_time(
     model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
 ) -> StepTime:
     """Predicted seconds per optimizer step of `layout`, by named term."""
-    c, bubble, tp, cp, moe, p2p, dp, opt = time_terms(model, cluster, run, layout, split)
+    m = layout.num_microbatches(run.global_batch_size)
+    slot, bubble, p2p = _common(model, cluster, run, layout, split)
+    dp, opt = _sharded(model, cluster, run, layout, split, slot.total, m)
     return StepTime(
-        compute_s=c,
+        gemm_s=m * slot.gemm,
+        attention_s=m * slot.attention,
+        elementwise_s=m * slot.elementwise,
+        overhead_s=m * slot.overhead + cluster.efficiency.step_overhead_s,
         bubble_s=bubble,
-        tp_comm_s=tp,
-        cp_comm_s=cp,
-        moe_comm_s=moe,
+        tp_comm_s=m * slot.tp,
+        cp_comm_s=m * slot.cp,
+        moe_comm_s=m * slot.moe,
         pp_comm_s=p2p,
         dp_comm_s=dp,
         optimizer_s=opt,
@@ -221,21 +360,63 @@ def step_time(
 
 def _common(
     model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
-) -> tuple[float, float, float, float, float, float]:
-    """Sharding-independent seconds of one micro-batch slot: (compute, tp, cp, moe) on the
-    bottleneck stage, then the bubble and pipeline p2p of the whole step."""
+) -> tuple[Slot, float, float]:
+    """Sharding-independent terms: the bottleneck stage's slot, the bubble, pipeline p2p."""
     pp = layout.pp
-    slots = [_slot(model, cluster, run, layout, split.middle, pp == 1)]
+    slot = _slot(model, cluster, run, layout, split.middle, pp == 1)
     if pp > 1:
-        slots.append(_slot(model, cluster, run, layout, split.last, True))
-        slots.append(_slot(model, cluster, run, layout, split.first, False))
-    c, tp, cp, moe = max(slots, key=sum)
-    bubble = (pp - 1) / layout.vpp * (c + tp + cp + moe)
+        slot = _balanced(model, cluster, run, layout, split)
+    if pp > 1 and not layout.loss_balanced:
+        slot = max(
+            slot,
+            _slot(model, cluster, run, layout, split.last, True),
+            _slot(model, cluster, run, layout, split.first, False),
+            key=lambda s: s.total,
+        )
+    bubble = (pp - 1) / layout.vpp * slot.total
+    if pp == 1:
+        return slot, bubble, 0.0
+    m = layout.num_microbatches(run.global_batch_size)
     msg = layout.micro_batch_size * model.seq_length / layout.cp * model.hidden_size * 2.0
     msg /= layout.tp if layout.sequence_parallel else 1
     bw, lat = _link(cluster, 2 * layout.tp * layout.cp * layout.dp)
-    p2p = 2.0 * (pp - 1) * (msg / bw + lat) if pp > 1 else 0.0
-    return c, tp, cp, moe, bubble, p2p
+    one = msg / bw + lat
+    steady = 2.0 * m * layout.vpp * one * (1.0 - cluster.efficiency.p2p_overlap)
+    return slot, bubble, 2.0 * (pp - 1) * one + steady
+
+
+def _balanced(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
+) -> Slot:
+    """The bottleneck stage's slot when the loss is balanced like a layer.
+
+    The last stage also computes the output layer and loss. Megatron's
+    `pipeline_model_parallel_layout` (used by Megatron-Bridge's performance recipes, e.g.
+    Llama-3 70B on H100: the last virtual stage holds one layer) moves k layers off the last
+    stage, k = the output layer's time in layers; the k layers land on other stages.
+    """
+    pp = layout.pp
+    mid = _slot(model, cluster, run, layout, split.middle, False)
+    first = _slot(model, cluster, run, layout, split.first, False)
+    last = _slot(model, cluster, run, layout, split.last, True)
+    bare = _slot(model, cluster, run, layout, split.last, False)
+    per_layer = (bare.total - bare.overhead) / max(1, split.last)
+    k = 0
+    if layout.loss_balanced and per_layer:
+        k = max(0, min(split.last - 1, int((last.total - bare.total) / per_layer + 0.5)))
+    extra = -(-k // (pp - 1)) * per_layer
+    worst = max(last.total - k * per_layer, mid.total + extra, first.total + extra)
+    base = mid if mid.total >= first.total else first
+    scale = worst / base.total
+    return Slot(
+        gemm=base.gemm * scale,
+        attention=base.attention * scale,
+        elementwise=base.elementwise * scale,
+        overhead=base.overhead * scale,
+        tp=base.tp * scale,
+        cp=base.cp * scale,
+        moe=base.moe * scale,
+    )
 
 
 def _sharded(
@@ -252,18 +433,10 @@ def _sharded(
     owned = layer_params(model, layout.tp, layout.ep).total * split.bottleneck
     owned += embedding_params(model, layout.tp) if layout.pp == 1 else 0
     shard = layout.dp * layout.cp if layout.sharding != Sharding.none else 1
-    opt = owned / shard * OPTIMIZER_BYTES_PER_PARAM / (cluster.hbm_bandwidth_gbps * 1e9)
+    # fp32 master read+write 8, Adam m and v read+write 16, gradient read, parameter write.
+    per_param = 24.0 + BYTES[run.grad_dtype] + BYTES[run.params_dtype]
+    opt = owned / shard * per_param / (cluster.hbm_bandwidth_gb_s * 1e9)
     return dp, opt
-
-
-def time_terms(
-    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
-) -> tuple[float, float, float, float, float, float, float, float]:
-    """Seconds of (compute, bubble, tp, cp, moe, pp, dp, optimizer) per step."""
-    m = layout.num_microbatches(run.global_batch_size)
-    c, tp, cp, moe, bubble, p2p = _common(model, cluster, run, layout, split)
-    dp, opt = _sharded(model, cluster, run, layout, split, c + tp + cp + moe, m)
-    return m * c, bubble, m * tp, m * cp, m * moe, p2p, dp, opt
 
 
 def step_s_options(
@@ -276,10 +449,9 @@ def step_s_options(
     """Step seconds of layouts that differ only in sharding (the search's fast path)."""
     first = layouts[0]
     m = first.num_microbatches(run.global_batch_size)
-    c, tp, cp, moe, bubble, p2p = _common(model, cluster, run, first, split)
-    slot = c + tp + cp + moe
-    base = m * slot + bubble + p2p
-    return [base + sum(_sharded(model, cluster, run, lay, split, slot, m)) for lay in layouts]
+    slot, bubble, p2p = _common(model, cluster, run, first, split)
+    base = m * slot.total + bubble + p2p + cluster.efficiency.step_overhead_s
+    return [base + sum(_sharded(model, cluster, run, lay, split, slot.total, m)) for lay in layouts]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -279,6 +279,7 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
                         micro_batch_size=mbs,
                         sequence_parallel=sp,
                         recompute=rc,
+                        loss_balanced=inp.search.balance_loss and pp > 1,
                     )
                     out.append([replace(base, sharding=sh) for sh in shs])
     return out, rej.counts

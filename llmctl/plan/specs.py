@@ -32,12 +32,68 @@ class Sharding(StrEnum):
 
 
 class AttentionKernel(StrEnum):
-    """Core attention implementation: `unfused` stores the a*s*s score matrices (Korthikanti
-    et al. 2022), `flash` (Transformer Engine / FlashAttention) stores only the softmax
-    statistics and recomputes the scores in the backward pass."""
+    """Core attention implementation (megatron-core's `attention_backend`): `unfused` stores
+    the a*s*s score matrices (Korthikanti et al. 2022); `flash` (FlashAttention) and `fused`
+    (cuDNN fused attention through Transformer Engine) store only the softmax statistics and
+    recompute the scores in the backward pass."""
 
     unfused = "unfused"
     flash = "flash"
+    fused = "fused"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Efficiency:
+    """Calibration knobs of the step-time model (one set per cluster; docs/planner.md).
+
+    `achievable_fraction` (per dtype, on `ClusterSpec`) is the large-GEMM fraction of peak;
+    these are the rest. `llmctl plan --calibrate` fits them from measured runs.
+    """
+
+    attention: float = 0.5
+    """Fraction of the 16-bit dense peak the fused/flash attention kernel reaches."""
+    tp_overlap: float = 0.5
+    """Fraction of tensor-parallel collective time hidden behind GEMMs."""
+    p2p_overlap: float = 0.5
+    """Fraction of pipeline send/receive time hidden behind compute."""
+    overlap_cost: float = 0.3
+    """Fraction of each second of data-parallel / FSDP / context-parallel communication hidden
+    behind compute that still costs compute time (NCCL kernels take SMs and HBM bandwidth)."""
+    link: float = 0.8
+    """Fraction of nominal link bandwidth collectives reach (NCCL bus bandwidth)."""
+    elementwise_passes: float = 4.0
+    """HBM passes over each layer's stored activations by element-wise kernels (norms,
+    activations, dropout, FP8 casts), forward + backward."""
+    layer_overhead_us: float = 0.0
+    """Fixed microseconds per layer per micro-batch (forward + backward): kernel launches
+    and small kernels the FLOP and byte terms miss."""
+    chunk_overhead_us: float = 0.0
+    """Fixed microseconds per micro-batch per virtual pipeline stage (schedule bookkeeping,
+    synchronisation of each send/receive)."""
+    cp_step_overhead_us: float = 0.0
+    """Fixed microseconds per layer per extra context-parallel rank (forward + backward):
+    the ring's per-step attention kernels, send/receive synchronisation and the merge of
+    partial softmax results."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds per optimizer step (gradient-norm all-reduce, data loader, logging)."""
+
+    def __post_init__(self) -> None:
+        for name in ("attention", "link"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"efficiency.{name} must be in (0, 1], got {getattr(self, name)}")
+        for name in ("tp_overlap", "p2p_overlap", "overlap_cost"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"efficiency.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in (
+            "elementwise_passes",
+            "layer_overhead_us",
+            "chunk_overhead_us",
+            "cp_step_overhead_us",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"efficiency.{name} must be >= 0, got {getattr(self, name)}")
+        if self.step_overhead_s < 0:
+            raise ValueError(f"efficiency.step_overhead_s must be >= 0, got {self.step_overhead_s}")
 
 
 BYTES: dict[str, float] = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -104,16 +160,18 @@ class ClusterSpec:
     num_nodes: int
     gpus_per_node: int
     hbm_gib: float
-    hbm_bandwidth_gbps: float
+    hbm_bandwidth_gb_s: float
     peak_tflops: dict[str, float] = field(hash=False)
     achievable_fraction: dict[str, float] = field(hash=False)
     nvlink_domain_size: int
-    nvlink_bandwidth_gbps: float
-    internode_bandwidth_gbps: float
+    nvlink_bandwidth_gb_s: float
+    internode_bandwidth_gb_s: float
     internode_latency_us: float
     cuda_context_gib: float
     nccl_buffer_gib: float
     fragmentation_fraction: float
+    sm_count: int = 0
+    efficiency: Efficiency = Efficiency()
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -129,7 +187,10 @@ class ClusterSpec:
     def tflops(self, dtype: str) -> float:
         """Achievable dense TFLOP/s per GPU for `dtype` (peak times achievable fraction)."""
         if dtype not in self.peak_tflops:
-            raise ValueError(f"cluster {self.name} states no peak TFLOP/s for {dtype}")
+            raise ValueError(
+                f"cluster {self.name} states no peak TFLOP/s for {dtype}: add "
+                f"peak_tflops.{dtype} to the cluster file (or plan another precision)"
+            )
         return self.peak_tflops[dtype] * self.achievable_fraction.get(dtype, 1.0)
 
 
@@ -137,17 +198,26 @@ class ClusterSpec:
 class RunSpec:
     """What one step computes and in which numerics.
 
-    `grad_dtype` is the gradient buffer and reduction dtype: fp32 is Megatron-LM's default for
-    bf16 training; Megatron-Bridge's performance recipes set `grad_reduce_in_fp32=False` (bf16).
+    `grad_dtype` is the main-gradient buffer, `grad_reduce_dtype` the dtype of the
+    data-parallel reduce-scatter. In megatron-core both are one buffer: fp32 when
+    `grad_reduce_in_fp32` else the parameter dtype (DistributedDataParallel). Megatron-LM
+    turns `grad_reduce_in_fp32` on for bf16, as do Megatron-Bridge's `bf16_mixed` and FP8
+    mixed recipes; Bridge's performance recipes turn it off (bf16 gradients).
+    `fp8_param_gather` keeps the GEMM weights in FP8 (Transformer Engine Float8Tensor) and
+    all-gathers them in FP8 (Bridge's FP8 recipes set it).
     """
 
     global_batch_size: int
     compute_dtype: str
     params_dtype: str
     grad_dtype: str = "fp32"
+    grad_reduce_dtype: str = "fp32"
     fp8: bool = False
+    fp8_param_gather: bool = False
     attention: AttentionKernel = AttentionKernel.flash
     train_tokens: float | None = None
+    freeze_embeddings: bool = False
+    """Input embeddings frozen (fine-tuning): they get no gradient or optimizer state."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1:
@@ -155,6 +225,8 @@ class RunSpec:
         for dtype in (self.compute_dtype, self.params_dtype, self.grad_dtype):
             if dtype not in BYTES:
                 raise ValueError(f"unknown dtype {dtype}")
+        if self.grad_reduce_dtype not in BYTES:
+            raise ValueError(f"unknown dtype {self.grad_reduce_dtype}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +254,7 @@ class SearchSpec:
     headroom_fraction: float = 0.05
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     allow_uneven_pp: bool = False
+    balance_loss: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.headroom_fraction < 1.0:

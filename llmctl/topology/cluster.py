@@ -42,6 +42,31 @@ GPU_ACHIEVABLE_FRACTION = {
     "fp4": 0.5,
 }
 CPU_ACHIEVABLE_FRACTION = {"fp32": 0.3, "bf16": 0.3}
+_A100_EFFICIENCY = {
+    "attention": 0.4975,
+    "tp_overlap": 0.0475,
+    "p2p_overlap": 0.9,
+    "elementwise_passes": 13.0,
+    "layer_overhead_us": 0.0,
+    "chunk_overhead_us": 450.0,
+    "cp_step_overhead_us": 1200.0,
+}
+_H100_EFFICIENCY = {
+    "attention": 0.4975,
+    "tp_overlap": 0.4125,
+    "p2p_overlap": 0.9,
+    "elementwise_passes": 16.85,
+    "layer_overhead_us": 35.0,
+    "chunk_overhead_us": 450.0,
+    "cp_step_overhead_us": 1200.0,
+}
+#: Step-time knobs fitted on published runs (benchmarks/plan_fit.py), per GPU key: the same
+#: values as configs/cluster/dgx_a100_80gb.yaml and dgx_h100.yaml (a test keeps them equal).
+FITTED: dict[str, tuple[dict[str, float], dict[str, float]]] = {
+    "a100_80gb_sxm": ({"bf16": 0.7575, "fp16": 0.7575}, _A100_EFFICIENCY),
+    "h100_sxm": ({"fp8": 0.64}, _H100_EFFICIENCY),
+    "h200_sxm": ({"fp8": 0.64}, _H100_EFFICIENCY),
+}
 ASSUMED_ETHERNET_GBPS = 1.25  # 10 GbE, GB/s
 IB_LATENCY_US = 5.0
 ETHERNET_LATENCY_US = 50.0
@@ -130,23 +155,26 @@ def _gpu_description(topology: Topology, gpu: str | None) -> tuple[dict[str, Any
         "num_nodes": topology.num_nodes,
         "gpus_per_node": per_node,
         "hbm_gib": round(probed_gib, 2) if probed_gib else (known.hbm_gib if known else 0.0),
-        "hbm_bandwidth_gbps": known.hbm_bandwidth_gbps if known else 0.0,
+        "hbm_bandwidth_gb_s": known.hbm_bandwidth_gb_s if known else 0.0,
         "peak_tflops": dict(known.peak_tflops) if known else dict.fromkeys(("fp32", "bf16"), 0.0),
         "achievable_fraction": _fractions(known),
         "nvlink_domain_size": domain,
-        "nvlink_bandwidth_gbps": known.nvlink_bandwidth_gbps if known and domain > 1 else 0.0,
-        "internode_bandwidth_gbps": bandwidth,
+        "nvlink_bandwidth_gb_s": known.nvlink_bandwidth_gb_s if known and domain > 1 else 0.0,
+        "internode_bandwidth_gb_s": bandwidth,
         "internode_latency_us": latency,
         "cuda_context_gib": 0.5,
         "nccl_buffer_gib": 1.0,
         "fragmentation_fraction": 0.05,
+        "sm_count": known.sm_count if known else 0,
+        "efficiency": dict(FITTED[known.key][1]) if known and known.key in FITTED else {},
     } | _common(topology)
     return desc, [*topology.warnings, *warnings, *net_warnings, *domain_warnings]
 
 
 def _fractions(known: KnownGpu | None) -> dict[str, float]:
     keys = known.peak_tflops if known else ("fp32", "bf16")
-    return {k: GPU_ACHIEVABLE_FRACTION[k] for k in keys}
+    fitted = FITTED[known.key][0] if known and known.key in FITTED else {}
+    return {k: fitted.get(k, GPU_ACHIEVABLE_FRACTION[k]) for k in keys}
 
 
 def _domain(topology: Topology, known: KnownGpu | None) -> tuple[int, list[str]]:
@@ -173,16 +201,18 @@ def _cpu_description(topology: Topology) -> tuple[dict[str, Any], list[str]]:
         "num_nodes": topology.num_nodes,
         "gpus_per_node": 1,
         "hbm_gib": round(topology.host_memory_gib or 0.0, 2),
-        "hbm_bandwidth_gbps": memcpy,
+        "hbm_bandwidth_gb_s": memcpy,
         "peak_tflops": peaks,
         "achievable_fraction": {k: CPU_ACHIEVABLE_FRACTION[k] for k in peaks},
         "nvlink_domain_size": cpu.num_logical,
-        "nvlink_bandwidth_gbps": memcpy,
-        "internode_bandwidth_gbps": bandwidth,
+        "nvlink_bandwidth_gb_s": memcpy,
+        "internode_bandwidth_gb_s": bandwidth,
         "internode_latency_us": latency,
         "cuda_context_gib": 0.0,
         "nccl_buffer_gib": 0.0,
         "fragmentation_fraction": 0.05,
+        "sm_count": 0,
+        "efficiency": {},
     } | _common(topology)
     gpu_note = f"no NVIDIA GPU ({topology.gpu_error}): described as a CPU node"
     return desc, [*topology.warnings, gpu_note, *net_warnings]

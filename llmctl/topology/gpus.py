@@ -4,7 +4,7 @@ Why these numbers: the planner turns FLOPs into time with `peak_tflops * achieva
 and bytes into time with bandwidths, so each figure is the vendor datasheet value, not a
 measurement. NVIDIA datasheets quote Tensor Core rates "with sparsity" (2:4); the dense rates
 here are those divided by two, which is what dense training GEMMs can reach. NVLink is quoted
-as a bidirectional total per GPU; `nvlink_bandwidth_gbps` is one direction (half of it), the
+as a bidirectional total per GPU; `nvlink_bandwidth_gb_s` is one direction (half of it), the
 convention of ClusterConfig. Sources per entry are listed in docs/topology.md.
 
 `match_gpu` maps an NVML device name ("NVIDIA H100 80GB HBM3") or a short key ("h100_sxm") to an
@@ -28,9 +28,10 @@ class KnownGpu:
     compute_capability: str
     peak_tflops: dict[str, float] = field(default_factory=dict)
     hbm_gib: float
-    hbm_bandwidth_gbps: float
-    nvlink_bandwidth_gbps: float
+    hbm_bandwidth_gb_s: float
+    nvlink_bandwidth_gb_s: float
     nvlink_domain_size: int
+    sm_count: int
     source: str
 
 
@@ -42,9 +43,10 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
         compute_capability="8.0",
         peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
         hbm_gib=80.0,
-        hbm_bandwidth_gbps=2039.0,
-        nvlink_bandwidth_gbps=300.0,
+        hbm_bandwidth_gb_s=2039.0,
+        nvlink_bandwidth_gb_s=300.0,
         nvlink_domain_size=8,
+        sm_count=108,
         source="NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM column)",
     ),
     KnownGpu(
@@ -54,9 +56,10 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
         compute_capability="9.0",
         peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
         hbm_gib=80.0,
-        hbm_bandwidth_gbps=3350.0,
-        nvlink_bandwidth_gbps=450.0,
+        hbm_bandwidth_gb_s=3350.0,
+        nvlink_bandwidth_gb_s=450.0,
         nvlink_domain_size=8,
+        sm_count=132,
         source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column)",
     ),
     KnownGpu(
@@ -66,9 +69,10 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
         compute_capability="9.0",
         peak_tflops={"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
         hbm_gib=141.0,
-        hbm_bandwidth_gbps=4800.0,
-        nvlink_bandwidth_gbps=450.0,
+        hbm_bandwidth_gb_s=4800.0,
+        nvlink_bandwidth_gb_s=450.0,
         nvlink_domain_size=8,
+        sm_count=132,
         source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column)",
     ),
     KnownGpu(
@@ -85,9 +89,10 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
             "fp4": 9000.0,
         },
         hbm_gib=180.0,
-        hbm_bandwidth_gbps=7700.0,
-        nvlink_bandwidth_gbps=900.0,
+        hbm_bandwidth_gb_s=7700.0,
+        nvlink_bandwidth_gb_s=900.0,
         nvlink_domain_size=8,
+        sm_count=148,
         source="NVIDIA HGX B200 specifications (individual Blackwell GPU, HGX B200 column)",
     ),
     KnownGpu(
@@ -104,9 +109,10 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
             "fp4": 10000.0,
         },
         hbm_gib=186.0,
-        hbm_bandwidth_gbps=8000.0,
-        nvlink_bandwidth_gbps=900.0,
+        hbm_bandwidth_gb_s=8000.0,
+        nvlink_bandwidth_gb_s=900.0,
         nvlink_domain_size=72,
+        sm_count=148,
         source="NVIDIA GB200 NVL72 specifications (individual Blackwell GPU, GB200 column)",
     ),
 )

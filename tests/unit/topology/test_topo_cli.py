@@ -114,7 +114,7 @@ def test_save_this_machine_loads_as_cluster_config(tmp_path: Path) -> None:
     assert cfg.num_nodes == 1 and cfg.cpu_cores >= 1 and cfg.host_memory_gib > 0
     if NO_GPU:
         assert (cfg.device, cfg.gpus_per_node) == ("cpu", 1)
-        assert cfg.peak_tflops["fp32"] > 0 and cfg.hbm_bandwidth_gbps > 0
+        assert cfg.peak_tflops["fp32"] > 0 and cfg.hbm_bandwidth_gb_s > 0
 
 
 def test_save_from_dgx_with_known_gpu(tmp_path: Path, fixtures: Path) -> None:
@@ -123,7 +123,7 @@ def test_save_from_dgx_with_known_gpu(tmp_path: Path, fixtures: Path) -> None:
     assert _run(*args).exit_code == 0
     cfg = _cluster_config(out)
     assert (cfg.device, cfg.gpus_per_node, cfg.nvlink_domain_size) == ("cuda", 8, 8)
-    assert cfg.peak_tflops["bf16"] == 989.5 and cfg.nvlink_bandwidth_gbps == 450.0
+    assert cfg.peak_tflops["bf16"] == 989.5 and cfg.nvlink_bandwidth_gb_s == 450.0
 
 
 def test_save_unknown_gpu_keeps_facts_and_warns(tmp_path: Path, fixtures: Path) -> None:

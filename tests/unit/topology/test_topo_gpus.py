@@ -40,4 +40,4 @@ def test_dense_rates_follow_the_tensor_core_ladder(gpu) -> None:
         assert peaks["fp8"] == 2 * peaks["bf16"]
     if "fp4" in peaks:
         assert peaks["fp4"] == 2 * peaks["fp8"]
-    assert gpu.nvlink_bandwidth_gbps * 2 in (600.0, 900.0, 1800.0)
+    assert gpu.nvlink_bandwidth_gb_s * 2 in (600.0, 900.0, 1800.0)

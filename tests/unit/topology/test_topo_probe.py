@@ -87,7 +87,7 @@ def test_internode_bandwidth_sums_active_ports_per_gpu(tmp_path: Path, fixtures:
     _port(tmp_path, "mlx5_8", 1, "400 Gb/sec (4X NDR)", "InfiniBand", "1: DOWN")
     topo = replace(load_topology(fixtures / "dgx_h100.txt"), nics=probe_nics(tmp_path))
     desc, warnings = cluster_description(topo, gpu="h100_sxm")
-    assert desc["internode_bandwidth_gbps"] == pytest.approx(8 * 400 / 8 / 8)  # 50 GB/s/GPU
+    assert desc["internode_bandwidth_gb_s"] == pytest.approx(8 * 400 / 8 / 8)  # 50 GB/s/GPU
     assert desc["internode_latency_us"] == 5.0 and warnings == []
 
 

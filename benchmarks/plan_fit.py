@@ -1,0 +1,108 @@
+"""Fit a cluster's step-time knobs on the fit rows of tests/fixtures/plan/published_runs.json.
+
+Usage: python benchmarks/plan_fit.py dgx_h100 [--json]
+Prints the fitted `achievable_fraction` and `efficiency` (paste into configs/cluster/NAME.yaml)
+and the error on fit and held-out rows. Held-out rows are never used by the fit. The fit is
+a deterministic coordinate descent on the mean |log(predicted / measured)| step time, each
+knob bounded to a physically meaningful range.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from llmctl.config import compose
+from llmctl.config.planning import cluster_spec
+from llmctl.plan import ClusterSpec, evaluate
+from llmctl.plan.reference import measured_step_s, row_input, row_layout
+
+FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan" / "published_runs.json"
+#: (knob, low, high); "fraction.<dtype>" is an achievable fraction, others Efficiency fields.
+KNOBS = {
+    "dgx_a100_80gb": [
+        ("fraction.bf16", 0.4, 0.95),
+        ("tp_overlap", 0.0, 0.95),
+        ("elementwise_passes", 2.0, 24.0),
+        ("layer_overhead_us", 0.0, 200.0),
+    ],
+    "dgx_h100": [
+        ("fraction.fp8", 0.25, 0.9),
+        ("attention", 0.2, 0.9),
+        ("tp_overlap", 0.0, 0.75),
+        ("p2p_overlap", 0.0, 0.9),
+        ("elementwise_passes", 2.0, 24.0),
+        ("layer_overhead_us", 0.0, 200.0),
+        ("chunk_overhead_us", 0.0, 2000.0),
+        ("cp_step_overhead_us", 0.0, 2000.0),
+    ],
+}
+
+
+def base_cluster(name: str) -> ClusterSpec:
+    """The shipped cluster description."""
+    return cluster_spec(compose("megatron_22b_pretrain_8gpu_a100_bf16", [f"cluster={name}"]))
+
+
+def with_knob(cluster: ClusterSpec, knob: str, value: float) -> ClusterSpec:
+    """`cluster` with one knob set."""
+    if knob.startswith("fraction."):
+        fr = dict(cluster.achievable_fraction)
+        fr[knob.split(".", 1)[1]] = value
+        return replace(cluster, achievable_fraction=fr)
+    return replace(cluster, efficiency=replace(cluster.efficiency, **{knob: value}))
+
+
+def errors(cluster: ClusterSpec, rows: list[dict[str, Any]], models: dict[str, Any]) -> list[float]:
+    """Relative step-time error (predicted / measured - 1) of each row on `cluster`."""
+    out = []
+    for row in rows:
+        inp = row_input(row, models, cluster)
+        pred = evaluate(inp, row_layout(row)).rates.step_s
+        out.append(pred / measured_step_s(row, inp.model) - 1.0)
+    return out
+
+
+def loss(cluster: ClusterSpec, rows: list[dict[str, Any]], models: dict[str, Any]) -> float:
+    """Mean |log(predicted / measured)|."""
+    errs = errors(cluster, rows, models)
+    return sum(abs(math.log1p(e)) for e in errs) / len(errs)
+
+
+def fit(name: str) -> tuple[ClusterSpec, dict[str, float]]:
+    """Coordinate descent over the knobs of `name` on its fit rows."""
+    data = json.loads(FIX.read_text())
+    rows = [r for r in data["rows"] if r["cluster"] == name and r["fit"]]
+    cluster, values = base_cluster(name), {}
+    for knob, lo, hi in KNOBS[name]:
+        values[knob] = (lo + hi) / 2
+        cluster = with_knob(cluster, knob, values[knob])
+    for _ in range(6):
+        for knob, lo, hi in KNOBS[name]:
+            grid = [lo + (hi - lo) * i / 40 for i in range(41)]
+            best = min(grid, key=lambda v: loss(with_knob(cluster, knob, v), rows, data["models"]))
+            values[knob] = best
+            cluster = with_knob(cluster, knob, best)
+    return cluster, values
+
+
+def main() -> None:
+    name = sys.argv[1]
+    data = json.loads(FIX.read_text())
+    cluster, values = fit(name)
+    mine = [r for r in data["rows"] if r["cluster"] == name]
+    errs = errors(cluster, mine, data["models"])
+    report: dict[str, Any] = {"cluster": name, "knobs": {k: round(v, 4) for k, v in values.items()}}
+    for label, want in (("fit", True), ("held_out", False)):
+        e = [abs(x) for x, r in zip(errs, mine, strict=True) if r["fit"] == want]
+        report[label] = {"rows": len(e), "mean_abs": sum(e) / len(e), "max_abs": max(e)}
+    report["rows"] = {r["id"]: round(x, 4) for x, r in zip(errs, mine, strict=True)}
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
