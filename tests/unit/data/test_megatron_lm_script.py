@@ -1,0 +1,90 @@
+"""Side by side with Megatron-LM's own tools/preprocess_data.py (core_v0.16.1) on documents
+that are empty, whitespace-only, non-ASCII, full of control characters, or larger than one
+tokenizer batch: `.bin` and `.idx` are byte-identical at 1 and 2 workers on both sides.
+
+Needs a Megatron-LM checkout: `$MEGATRON_LM`, else /tmp/megatron-lm (for example
+`git --git-dir=<mirror> archive core_v0.16.1 | tar -x -C /tmp/megatron-lm`); skipped without
+one. The checkout is used as is: the runner below only stands in a package object for
+`megatron.training` so that its `__init__` (training loop, GPU kernels the tool never uses) is
+not imported, and a stub `six` when that package is absent (BERT tokenizer import only).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_megatron_rule import AWKWARD, write_awkward
+
+from llmctl.data.preprocess import PreprocessConfig, preprocess
+
+pytestmark = pytest.mark.slow
+
+RUNNER = """
+import importlib, runpy, sys, types
+from pathlib import Path
+mlm = Path(sys.argv[1])
+sys.argv = [str(mlm / "tools" / "preprocess_data.py"), *sys.argv[2:]]
+sys.path.insert(0, str(mlm))
+try:
+    import six  # noqa: F401
+except ImportError:
+    six = types.ModuleType("six")
+    six.PY2, six.PY3, six.text_type, six.binary_type = False, True, str, bytes
+    six.string_types = (str,)
+    sys.modules["six"] = six
+pkg = types.ModuleType("megatron.training")
+pkg.__path__ = [str(mlm / "megatron" / "training")]
+sys.modules["megatron.training"] = pkg
+gv = importlib.import_module("megatron.training.global_vars")
+for name in dir(gv):
+    if name.startswith("get_"):
+        setattr(pkg, name, getattr(gv, name))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _checkout() -> Path:
+    path = Path(os.environ.get("MEGATRON_LM", "/tmp/megatron-lm"))
+    if not (path / "tools" / "preprocess_data.py").is_file():
+        pytest.skip(f"no Megatron-LM checkout at {path} (set MEGATRON_LM)")
+    return path
+
+
+def run_megatron_lm(checkout: Path, inp: Path, prefix: Path, tok_dir: Path, workers: int) -> Path:
+    """Megatron-LM's script as a user runs it; returns its output prefix."""
+    runner = prefix.parent / "run_megatron_lm.py"
+    runner.write_text(RUNNER)
+    cmd = [sys.executable, str(runner), str(checkout), "--input", str(inp),
+           "--workers", str(workers), "--output-prefix", str(prefix),
+           "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tok_dir),
+           "--append-eod"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return Path(f"{prefix}_text_document")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_byte_identical_to_megatron_lm_on_awkward_documents(
+    tmp_path: Path, hf_tokenizer: Path, corpus: Path, workers: int
+) -> None:
+    checkout = _checkout()
+    awkward = write_awkward(tmp_path / "awkward.jsonl")
+    mixed = tmp_path / "mixed.jsonl"  # real documents with the awkward ones between them
+    real = corpus.read_bytes().split(b"\n")[:-1]  # not splitlines(): U+2028 is inside a line
+    odd = [ln for ln in awkward.read_bytes().split(b"\n")[:-1] if len(ln) < 10_000]
+    mixed.write_bytes(b"".join(a + b"\n" + b + b"\n" for a, b in zip(real, odd * 6, strict=False)))
+    for inp in (awkward, mixed):
+        theirs = run_megatron_lm(checkout, inp, tmp_path / f"mlm_{inp.stem}", hf_tokenizer.parent,
+                                 workers)  # fmt: skip
+        ours = tmp_path / f"ours_{inp.stem}"
+        preprocess(PreprocessConfig(inputs=[str(inp)], output_prefix=str(ours),
+                                    tokenizer=str(hf_tokenizer), num_workers=workers,
+                                    chunk_bytes=300_000))  # fmt: skip
+        for suffix in (".bin", ".idx"):
+            assert Path(f"{ours}{suffix}").read_bytes() == Path(f"{theirs}{suffix}").read_bytes(), (
+                inp.name, suffix)  # fmt: skip
+    assert len(AWKWARD) > 10
