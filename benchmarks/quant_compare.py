@@ -116,7 +116,7 @@ def llmctl_run(model: Path, prefix: str, out: Path, scheme: str, alg: str) -> di
             "num_calibration_samples": SAMPLES,
             "calibration_seq_length": SEQ,
         },
-        data_prefix=prefix,
+        data=prefix,
         num_eval_tokens=EVAL_TOKENS,
         force=True,
     ).as_dict()

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmctl.cli.common import JsonOpt
+from llmctl.cli.common import JsonOpt, console_progress
 
 RunDirArg = Annotated[str, typer.Argument(help="Run directory (holds checkpoints/).")]
 QuickOpt = Annotated[
@@ -29,7 +29,8 @@ def checkpoints(run_dir: RunDirArg, as_json: JsonOpt = False, quick: QuickOpt = 
     """
     from llmctl.train.ckpt_store import describe_checkpoints
 
-    rows = describe_checkpoints(run_dir, full=not quick)
+    with console_progress() as progress:  # on stderr: --json stdout stays clean
+        rows = describe_checkpoints(run_dir, full=not quick, progress=progress)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

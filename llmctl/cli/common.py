@@ -11,15 +11,19 @@ Usage in a command (`layout_flags` adds --tp --pp --vpp --cp --ep --dp --mbs --g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
 from llmctl.errors import UserError
+from llmctl.progress import Phase, Progress
 
 if TYPE_CHECKING:
     from llmctl.config import RootConfig
@@ -129,3 +133,68 @@ def layout_flags(command: Callable[..., None]) -> Callable[..., None]:
     wrapper.__signature__ = sig.replace(parameters=own + added)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
     return wrapper
+
+
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output directory.", show_default=False)]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Overwrite an existing output that llmctl wrote.")
+]
+
+
+class _RichPhase(Phase):
+    def __init__(self, bar: Any, task: Any) -> None:
+        self.bar, self.task = bar, task
+
+    def advance(self, n: int = 1) -> None:
+        self.bar.advance(self.task, n)
+
+    def update(self, completed: int) -> None:
+        self.bar.update(self.task, completed=completed)
+
+
+class ConsoleProgress(Progress):
+    """Each phase a line on stderr: spinner, name, bar, done/total, elapsed, ETA.
+
+    Drawn when stderr is a terminal (or `LLMCTL_PROGRESS=1`, e.g. to keep it in a log).
+    """
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
+        import os
+
+        tty = (stream or sys.stderr).isatty()
+        self.stream = stream
+        self.enabled = enabled and (tty or os.environ.get("LLMCTL_PROGRESS") == "1")
+
+    @contextlib.contextmanager
+    def phase(self, name: str, total: int | None = None) -> Iterator[Phase]:
+        """A bar for one phase (total None: spinner and elapsed time only)."""
+        if not self.enabled:
+            yield Phase()
+            return
+        from rich import progress as rp
+        from rich.console import Console
+
+        console = Console(file=self.stream or sys.stderr, stderr=self.stream is None)
+        columns = [rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.BarColumn(),
+                   rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), rp.TextColumn("ETA"),
+                   rp.TimeRemainingColumn()]  # fmt: skip
+        with rp.Progress(*columns, console=console) as bar:
+            task = bar.add_task(name, total=total)
+            yield _RichPhase(bar, task)
+            bar.update(task, completed=total or 1, total=total or 1)
+
+
+@contextlib.contextmanager
+def console_progress(enabled: bool = True) -> Iterator[ConsoleProgress]:
+    """Progress for a long command, drawn on the real stderr even while third-party output
+    is sent to a log file (see `llmctl.progress`)."""
+    yield ConsoleProgress(_real_stderr(), enabled)
+
+
+def _real_stderr() -> TextIO:
+    """A stream on file descriptor 2 as it is now (survives a later redirection of fd 2)."""
+    import os
+
+    if sys.stderr is not sys.__stderr__:  # typer's CliRunner: keep writing where it reads
+        return sys.stderr
+    return os.fdopen(os.dup(2), "w", buffering=1)

@@ -34,8 +34,20 @@ def _root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Show third-party warnings and progress bars (otherwise in the output's log).",
+        ),
+    ] = False,
 ) -> None:
     """llmctl: topo, plan, train, data, quantize."""
+    if verbose:
+        import os
+
+        os.environ["LLMCTL_VERBOSE"] = "1"
 
 
 def _register() -> None:

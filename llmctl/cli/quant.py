@@ -8,13 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from llmctl.cli.common import DryRunOpt, JsonOpt
+from llmctl.cli.common import DryRunOpt, ForceOpt, JsonOpt, OutOpt, console_progress
+from llmctl.quant.schemes import Algorithm, Preset, Scheme
 
 export_app = typer.Typer(help="Export a llmctl checkpoint to another format.", no_args_is_help=True)
 
-OutOpt = Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)]
 StepOpt = Annotated[int | None, typer.Option("--step", help="Checkpoint step (default: latest).")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")]
+TokenizerOpt = Annotated[
+    Path | None, typer.Option("--tokenizer", help="tokenizer.json (default: the run's).")
+]
 
 
 @export_app.command("hf")
@@ -22,16 +24,17 @@ def export_hf(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (config.yaml, checkpoints/).")],
     out: OutOpt,
     step: StepOpt = None,
-    tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="tokenizer.json (default: the run's).")
-    ] = None,
+    tokenizer: TokenizerOpt = None,
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a Hugging Face model directory (LlamaForCausalLM) from a run's checkpoint."""
     from llmctl.quant.export import export_run
 
-    result = export_run(run_dir, out, step=step, tokenizer=tokenizer, force=force)
+    with console_progress() as progress:  # on stderr: --json stdout stays clean
+        result = export_run(
+            run_dir, out, step=step, tokenizer=tokenizer, force=force, progress=progress
+        )
     if json_out:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
@@ -43,6 +46,10 @@ def export_hf(
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
+
+
+def _ppl(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
 
 
 def _render_report(data: dict[str, Any]) -> None:
@@ -65,16 +72,20 @@ def _render_report(data: dict[str, Any]) -> None:
         f"{data['bits_per_weight']:.3f}",
         f"theory {data['theoretical_bits_per_weight']:.3f}",
     )
+    change = data["perplexity_change_pct"]
     table.add_row(
         f"perplexity ({data['num_eval_tokens']} held-out tokens)",
-        f"{data['perplexity_before']:.4f}",
-        f"{data['perplexity_after']:.4f}",
-        f"{data['perplexity_change_pct']:+.3f}%",
+        _ppl(data["perplexity_before"]),
+        _ppl(data["perplexity_after"]),
+        "n/a" if change is None else f"{change:+.3f}%",
     )
     phases = ", ".join(f"{k} {v:.1f}s" for k, v in data["phase_s"].items())
     table.add_row("wall time", "", f"{data['wall_s']:.1f} s", phases)
     table.add_row("peak RSS", "", _mib(data["peak_rss_bytes"]), "")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for note in data.get("notes", []):
+        console.print(f"note: {note}", highlight=False)
 
 
 def _render_plan(data: dict[str, Any]) -> None:
@@ -93,14 +104,22 @@ def quantize(
     source: Annotated[Path, typer.Argument(help="A llmctl run directory or a HF model dir.")],
     out: OutOpt,
     preset: Annotated[
-        str, typer.Option("--preset", help="configs/quant/<NAME>.yaml (or a YAML path).")
-    ] = "default",
-    scheme: Annotated[
-        str | None, typer.Option("--scheme", help="W8A16, W4A16, W8A8 or FP8_DYNAMIC.")
+        Preset, typer.Option("--preset", help="A shipped preset (configs/quant/).")
+    ] = Preset.default,
+    preset_file: Annotated[
+        Path | None, typer.Option("--preset-file", help="Your own preset YAML (replaces --preset).")
     ] = None,
-    algorithm: Annotated[str | None, typer.Option("--algorithm", help="rtn, gptq or awq.")] = None,
+    scheme: Annotated[Scheme | None, typer.Option("--scheme", case_sensitive=False)] = None,
+    algorithm: Annotated[
+        Algorithm | None, typer.Option("--algorithm", case_sensitive=False)
+    ] = None,
     group_size: Annotated[
-        int | None, typer.Option("--group-size", help="Weight group size (<= 0: per channel).")
+        int | None,
+        typer.Option(
+            "--group-size",
+            help="Weight group size (<= 0: per channel; default: the preset's, or the largest "
+            "of 128/64/32/16 that divides the model).",
+        ),
     ] = None,
     ignore: Annotated[
         list[str] | None,
@@ -109,8 +128,14 @@ def quantize(
         ),
     ] = None,
     data: Annotated[
-        str | None, typer.Option("--data", help="Indexed dataset prefix (default: the run's).")
+        str | None,
+        typer.Option(
+            "--data",
+            help="Indexed dataset prefix, or a .jsonl/.txt file tokenized with the model's own "
+            "tokenizer (default: the run's; RTN weight-only and FP8 need none).",
+        ),
     ] = None,
+    tokenizer: TokenizerOpt = None,
     num_samples: Annotated[
         int | None, typer.Option("--num-samples", help="Calibration sequences.")
     ] = None,
@@ -128,25 +153,13 @@ def quantize(
     """Quantize to a compressed-tensors model (transformers and vLLM load it) and report."""
     from llmctl.quant.quantize import quantize_source
 
-    overrides = {
-        "scheme": scheme,
-        "algorithm": algorithm,
-        "group_size": group_size,
-        "ignore": ignore,
-        "num_calibration_samples": num_samples,
-        "calibration_seq_length": seq_len,
-    }
-    result = quantize_source(
-        source,
-        out,
-        preset=preset,
-        overrides=overrides,
-        data_prefix=data,
-        step=step,
-        num_eval_tokens=eval_tokens,
-        force=force,
-        dry_run=dry_run,
-    )
+    with console_progress(enabled=not dry_run) as progress:  # stderr: --json stdout stays clean
+        result = quantize_source(
+            source, out, preset=str(preset_file or preset.value), scheme=scheme,
+            algorithm=algorithm, group_size=group_size, ignore=ignore, num_samples=num_samples,
+            seq_len=seq_len, data=data, tokenizer=tokenizer, step=step,
+            num_eval_tokens=eval_tokens, force=force, dry_run=dry_run, progress=progress,
+        )  # fmt: skip
     payload = result.as_dict()
     if json_out:
         typer.echo(json.dumps(payload, indent=2))

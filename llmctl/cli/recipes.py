@@ -31,7 +31,9 @@ def list_cmd(as_json: JsonOpt = False) -> None:
 
 @app.command("show")
 def show_cmd(
-    recipe: Annotated[str, typer.Argument(help="Recipe name or path to a recipe YAML.")],
+    recipe: Annotated[
+        str, typer.Argument(help="Recipe name (or recipe=NAME) or path to a recipe YAML.")
+    ],
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Hydra overrides key=value.")
     ] = None,
@@ -41,6 +43,7 @@ def show_cmd(
     from llmctl.config import compose
     from llmctl.config.describe import describe
 
+    recipe = recipe.removeprefix("recipe=")
     rows = describe(compose(recipe, overrides or []))
     if as_json:
         typer.echo(json.dumps({k: v for k, v, _ in rows}, indent=2, default=str))

@@ -11,6 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from llmctl.topology import Topology, describe, save_cluster, to_dict
+from llmctl.topology.gpus import KNOWN_GPUS
+
+_GPU_KEYS = tuple(g.key for g in KNOWN_GPUS)
 
 
 def topo(
@@ -20,17 +23,25 @@ def topo(
             "--from", help="Read a saved `nvidia-smi topo -m` text or `llmctl topo --json` file."
         ),
     ] = None,
-    save: Annotated[
+    out: Annotated[
         Path | None,
-        typer.Option("--save", help="Write a cluster description YAML that `plan` accepts."),
+        typer.Option(
+            "--out", "-o", help="Write a cluster description YAML that `plan --cluster-file` reads."
+        ),
     ] = None,
+    save: Annotated[Path | None, typer.Option("--save", hidden=True)] = None,  # old spelling
     gpu: Annotated[
         str | None,
-        typer.Option("--gpu", help="Known GPU (e.g. h100_sxm) when the source names none."),
+        typer.Option(
+            "--gpu",
+            help=f"Known GPU when the source names none: {', '.join(_GPU_KEYS)}.",
+            autocompletion=lambda: list(_GPU_KEYS),
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
     """Probe GPUs (NVML), NVLink, PCIe/NUMA, RDMA NICs, CPUs, memory and the SLURM job."""
+    save = out or save
     topology = describe(from_file)
     warnings = save_cluster(topology, save, gpu) if save is not None else []
     if as_json:

@@ -1,4 +1,6 @@
-"""Calibration and held-out evaluation tokens from the user's own Megatron indexed dataset.
+"""Calibration and held-out evaluation tokens from the user's own data: a Megatron indexed
+dataset, or plain JSONL (one {"text": ...} per line) or text tokenized with the model's own
+tokenizer (so a third-party model is scored on the tokens it was trained to read).
 
 Why these slices: Megatron splits an indexed dataset by document order ("98,2,0" puts the last
 2% of documents in validation), so the tail of the token stream is the data the model saw least
@@ -11,6 +13,7 @@ an index error deep inside a forward pass (or, worse, silently score a different
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +46,64 @@ def open_tokens(prefix: str | Path) -> np.ndarray:
     except ValueError as e:
         raise UserError(f"calibration data {prefix}: {e}") from e
     return np.memmap(bin_path(prefix), dtype=dtype, mode="r")
+
+
+TEXT_SUFFIXES = (".jsonl", ".txt", ".text", ".md")
+
+
+def is_text_data(data: str | Path) -> bool:
+    """A plain JSONL or text file (by suffix), as opposed to an indexed-dataset prefix."""
+    return Path(data).suffix.lower() in TEXT_SUFFIXES
+
+
+def _read_documents(path: Path) -> list[str]:
+    """Documents of a JSONL file (its "text" fields) or of a text file (the whole file).
+
+    Raises:
+        UserError: A JSONL line that is not an object with a string "text", naming the line.
+    """
+    if path.suffix.lower() != ".jsonl":
+        return [path.read_text(encoding="utf-8", errors="replace")]
+    docs = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line).get("text")
+            except (json.JSONDecodeError, AttributeError):
+                text = None
+            if not isinstance(text, str):
+                raise UserError(f'{path}:{lineno}: expected a JSON object with a string "text"')
+            docs.append(text)
+    return docs
+
+
+def text_tokens(path: str | Path, tokenizer: str | Path) -> np.ndarray:
+    """Tokenize a JSONL or text file with a model's tokenizer: documents joined by its EOD.
+
+    Raises:
+        UserError: The file or tokenizer is missing or malformed.
+    """
+    from llmctl.data.tokenizer import Tokenizer, resolve_tokenizer
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"data {path} not found")
+    tok = Tokenizer(resolve_tokenizer(tokenizer))
+    docs = _read_documents(p)
+    ids = [t for doc in tok.encode_batch(docs) for t in (*doc, tok.eod)]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def load_tokens(data: str | Path, tokenizer: str | Path | None) -> np.ndarray:
+    """Token stream of `data`: an indexed prefix (already tokenized) or a JSONL/text file
+    (tokenized here with `tokenizer`, the model's own)."""
+    if not is_text_data(data):
+        return open_tokens(data)
+    if tokenizer is None:
+        raise UserError(f"data {data} is text and the model has no tokenizer; pass --tokenizer")
+    return text_tokens(data, tokenizer)
 
 
 def split_tokens(

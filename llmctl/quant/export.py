@@ -11,7 +11,6 @@ How names map (Llama-style families: `LlamaForCausalLM`, `MistralForCausalLM`,
 one table in `llmctl.hf.mapping`, which `llmctl import hf` uses the other way round; vocab rows
 past `model.hf_vocab_size` (import padding) are dropped. In short:
 
-
 - `embedding.word_embeddings.weight` -> `model.embed_tokens.weight`; `output_layer.weight` ->
   `lm_head.weight` (or tied); `decoder.final_layernorm.weight` -> `model.norm.weight`.
 - `linear_qkv.layer_norm_weight` (or local-spec `input_layernorm.weight`) ->
@@ -49,6 +48,7 @@ from typing import Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
+from llmctl.progress import NO_PROGRESS, Progress, third_party_output_to
 from llmctl.train.ckpt_safe import weights_only_loads
 
 DEFAULT_MAX_SHARD_BYTES = 2 << 30
@@ -533,7 +533,11 @@ def _write_dir(ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int) -> tupl
 
 
 def export_hf(
-    ckpt: RunCheckpoint, out: Path, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    ckpt: RunCheckpoint,
+    out: Path,
+    *,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: Progress = NO_PROGRESS,
 ) -> ExportResult:
     """Write the Hugging Face directory; it appears under `out` only once complete.
 
@@ -548,7 +552,8 @@ def export_hf(
 
     staging = staging_dir(out)
     try:
-        num_params, shards = _write_dir(ckpt, staging, max_shard_bytes)
+        with progress.phase(f"export step {ckpt.step} to Hugging Face"):
+            num_params, shards = _write_dir(ckpt, staging, max_shard_bytes)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
@@ -573,10 +578,26 @@ def export_run(
     step: int | None = None,
     tokenizer: Path | None = None,
     force: bool = False,
+    progress: Progress = NO_PROGRESS,
 ) -> ExportResult:
-    """`llmctl export hf`: find, validate and export a run's checkpoint."""
+    """`llmctl export hf`: find, validate and export a run's checkpoint.
+
+    Third-party warnings go to OUT/export.log (kept as .OUT.export.log if the export fails),
+    not the console, unless `-v`.
+    """
     if out.exists() and any(out.iterdir()) and not force:
         raise UserError(f"output {out} already exists; choose another --out or pass --force")
-    ckpt = find_run_checkpoint(run_dir, step, tokenizer)
-    check_exportable(ckpt.model)
-    return export_hf(ckpt, out)
+    if force and out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise UserError(
+            f"output {out} is not a model directory (no config.json); --force replaces only "
+            "llmctl's own outputs: choose another --out"
+        )
+    log = out.parent / f".{out.name}.export.log"
+    with third_party_output_to(log):
+        with progress.phase(f"validate checkpoint of {run_dir}"):
+            ckpt = find_run_checkpoint(run_dir, step, tokenizer)
+        check_exportable(ckpt.model)
+        result = export_hf(ckpt, out, progress=progress)
+    if log.is_file():
+        log.replace(out / "export.log")
+    return result

@@ -15,12 +15,24 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 
-def perplexity(model: Any, tokens: np.ndarray, seq_len: int, batch_size: int = 8) -> float:
+def num_batches(num_tokens: int, seq_len: int, batch_size: int = 8) -> int:
+    """Forward passes `perplexity` makes (for progress)."""
+    return -(-(num_tokens // seq_len) // batch_size)
+
+
+def perplexity(
+    model: Any,
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int = 8,
+    on_batch: Callable[[], None] | None = None,
+) -> float:
     """Perplexity of a causal LM (a transformers model) on a token stream.
 
     Args:
@@ -28,6 +40,7 @@ def perplexity(model: Any, tokens: np.ndarray, seq_len: int, batch_size: int = 8
         tokens: 1-D token ids; trailing tokens that do not fill a window are dropped.
         seq_len: Window length.
         batch_size: Windows per forward pass.
+        on_batch: Called after each forward pass (progress).
     """
     import torch
 
@@ -49,6 +62,8 @@ def perplexity(model: Any, tokens: np.ndarray, seq_len: int, batch_size: int = 8
             )
             nll += float(loss)
             count += batch[:, 1:].numel()
+            if on_batch is not None:
+                on_batch()
     return math.exp(nll / count)
 
 

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import UserError
+from llmctl.progress import NO_PROGRESS, Phase, Progress, third_party_output_to
 from llmctl.quant import calibration, hfdir
 from llmctl.quant.schemes import (
     SUPPORTED_ARCHITECTURES,
     QuantSpec,
     check_group_divisibility,
+    fit_group_size,
     quantized_linears,
     theoretical_bits_per_weight,
 )
@@ -45,11 +47,13 @@ class QuantRequest:
     source: Path
     out: Path
     spec: QuantSpec
-    data_prefix: str | None = None
+    data: str | None = None  # indexed prefix, or a .jsonl/.txt file
+    tokenizer: Path | None = None  # run directories: override of the run's tokenizer
     step: int | None = None
     num_eval_tokens: int = DEFAULT_EVAL_TOKENS
     dtype: str = "bf16"
     force: bool = False
+    group_size_given: bool = True  # False: the preset's; adapted to the model if needed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,13 +64,15 @@ class QuantPlan:
     source_kind: str  # "run_dir" or "hf"
     architecture: str
     linears: dict[str, tuple[int, int]]
-    data_prefix: str
+    data: str | None
+    tokenizer: Path | None
     tokenizer_vocab: int
     model_vocab: int
     eval_seq_len: int
     theoretical_bits: float
     checkpoint: Any = None  # export.RunCheckpoint for run directories
     split: calibration.TokenSplit | None = field(default=None, repr=False)
+    notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready summary (for --dry-run)."""
@@ -83,11 +89,12 @@ class QuantPlan:
             "ignore": list(spec.ignore),
             "num_quantized_linears": len(quantized_linears(spec, self.linears)),
             "theoretical_bits_per_weight": round(self.theoretical_bits, 4),
-            "data_prefix": self.data_prefix,
+            "data": self.data,
             "num_calibration_samples": spec.num_calibration_samples,
             "calibration_seq_length": spec.calibration_seq_length,
-            "num_eval_tokens": self.request.num_eval_tokens,
+            "num_eval_tokens": self.request.num_eval_tokens if self.split is not None else 0,
             "eval_seq_len": self.eval_seq_len,
+            "notes": list(self.notes),
         }
 
 
@@ -107,8 +114,8 @@ class QuantReport:
     bits_per_weight: float
     theoretical_bits_per_weight: float
     num_quantized_linears: int
-    perplexity_before: float
-    perplexity_after: float
+    perplexity_before: float | None  # None: no data to score on (RTN/FP8 without --data)
+    perplexity_after: float | None
     num_eval_tokens: int
     eval_seq_len: int
     num_calibration_samples: int
@@ -117,16 +124,20 @@ class QuantReport:
     phase_s: dict[str, float]
     peak_rss_bytes: int
     versions: dict[str, str]
+    notes: list[str] = field(default_factory=list)
 
     @property
-    def perplexity_change_pct(self) -> float:
-        """Relative perplexity change, in percent (positive = worse)."""
+    def perplexity_change_pct(self) -> float | None:
+        """Relative perplexity change, in percent (positive = worse); None when not scored."""
+        if self.perplexity_before is None or self.perplexity_after is None:
+            return None
         return 100.0 * (self.perplexity_after / self.perplexity_before - 1.0)
 
     def as_dict(self) -> dict[str, Any]:
         """Fields plus the derived perplexity change."""
         data = asdict(self)
-        data["perplexity_change_pct"] = round(self.perplexity_change_pct, 4)
+        change = self.perplexity_change_pct
+        data["perplexity_change_pct"] = None if change is None else round(change, 4)
         return data
 
 
@@ -134,6 +145,11 @@ def _check_out(request: QuantRequest) -> None:
     out = request.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not request.force:
         raise UserError(f"output {out} already exists; choose another --out or pass --force")
+    if request.force and out.is_dir() and any(out.iterdir()) and not _llmctl_wrote(out):
+        raise UserError(
+            f"output {out} was not written by llmctl quantize (no {REPORT_FILE}); "
+            "--force replaces only llmctl's own outputs: choose another --out"
+        )
     if out.resolve() == request.source.resolve():
         raise UserError("--out must differ from the source directory")
 
@@ -148,17 +164,14 @@ def _plan_hf(request: QuantRequest) -> dict[str, Any]:
         )
     if "quantization_config" in config:
         raise UserError(f"{request.source} is already quantized (config.json quantization_config)")
-    if not request.data_prefix:
-        raise UserError(
-            "a Hugging Face model directory needs --data PREFIX: an indexed dataset "
-            "(.bin/.idx) tokenized with this model's tokenizer"
-        )
+    tokenizer = request.tokenizer or request.source / "tokenizer.json"
     return {
         "source_kind": "hf",
         "architecture": arch,
         "linears": hfdir.linear_shapes(hfdir.read_tensors(request.source)),
-        "data_prefix": request.data_prefix,
-        "tokenizer_vocab": hfdir.tokenizer_vocab_size(request.source),
+        "data": request.data,
+        "tokenizer": tokenizer if tokenizer.is_file() else None,
+        "tokenizer_vocab": _vocab(request.source, request.data),
         "model_vocab": int(config.get("vocab_size", 0)),
         "max_positions": int(config.get("max_position_embeddings") or 1 << 30),
         "checkpoint": None,
@@ -168,16 +181,13 @@ def _plan_hf(request: QuantRequest) -> dict[str, Any]:
 def _plan_run(request: QuantRequest) -> dict[str, Any]:
     from llmctl.quant import export
 
-    ckpt = export.find_run_checkpoint(request.source, request.step)
+    ckpt = export.find_run_checkpoint(request.source, request.step, request.tokenizer)
     arch = export.check_exportable(ckpt.model)
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UserError(
             f"run {request.source} exports as {arch}, which llmctl does not quantize (its "
             f"projections are Conv1D, not Linear); supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    prefix = request.data_prefix or ckpt.data_prefix
-    if not prefix:
-        raise UserError(f"run {request.source} names no data prefix; pass --data PREFIX")
     if ckpt.tokenizer is None:
         raise UserError(f"run {request.source}: tokenizer not found; pass --tokenizer PATH")
     from llmctl.train.data import tokenizer_info
@@ -186,7 +196,8 @@ def _plan_run(request: QuantRequest) -> dict[str, Any]:
         "source_kind": "run_dir",
         "architecture": arch,
         "linears": export.hf_linear_shapes(ckpt.model),
-        "data_prefix": prefix,
+        "data": request.data or ckpt.data_prefix,
+        "tokenizer": Path(ckpt.tokenizer),
         "tokenizer_vocab": tokenizer_info(str(ckpt.tokenizer))[0],
         "model_vocab": int(ckpt.model.vocab_size),
         "max_positions": int(ckpt.model.max_position_embeddings or ckpt.model.seq_length),
@@ -212,25 +223,59 @@ def plan_quantization(request: QuantRequest) -> QuantPlan:
     # sequences longer than the model's positions would calibrate on extrapolated RoPE
     seq_len = min(request.spec.calibration_seq_length, found.pop("max_positions"))
     spec = replace(request.spec, calibration_seq_length=seq_len)
-    request = replace(request, spec=spec)
+    notes: list[str] = []
+    if not request.group_size_given:
+        spec, note = fit_group_size(spec, found["linears"])
+        notes += [note] if note else []
     check_group_divisibility(spec, found["linears"])
-    eval_seq_len = seq_len
-    tokens = calibration.open_tokens(found["data_prefix"])
-    split = calibration.split_tokens(
-        tokens, spec.num_calibration_samples, spec.calibration_seq_length, request.num_eval_tokens
-    )
-    calibration.check_vocab(
-        split, found["tokenizer_vocab"], found["model_vocab"], found["data_prefix"]
-    )
-    if request.num_eval_tokens < eval_seq_len:
-        raise UserError(f"--eval-tokens must be >= the window length {eval_seq_len}")
+    request = replace(request, spec=spec)
+    split = _split(request, found)
+    if split is None:
+        notes.append("no data: perplexity not scored (pass --data PREFIX|FILE.jsonl|FILE.txt)")
     return QuantPlan(
         request=request,
-        eval_seq_len=eval_seq_len,
+        eval_seq_len=seq_len,
         theoretical_bits=theoretical_bits_per_weight(spec, found["linears"]),
         split=split,
+        notes=tuple(notes),
         **found,
     )
+
+
+def _vocab(model_dir: Path, data: str | None) -> int:
+    """Tokenizer vocabulary of a model directory (0 when there is no data to check)."""
+    return hfdir.tokenizer_vocab_size(model_dir) if data else 0
+
+
+def _split(request: QuantRequest, found: dict[str, Any]) -> calibration.TokenSplit | None:
+    """Calibration and held-out tokens, checked against both vocabularies; None without data.
+
+    Raises:
+        UserError: No data where the algorithm calibrates, too few tokens, or foreign ids.
+    """
+    spec, data = request.spec, found["data"]
+    if not data:
+        if spec.needs_calibration:
+            raise UserError(
+                f"{spec.scheme.value} {spec.algorithm.value} calibrates on data: pass --data "
+                "PREFIX (indexed dataset) or FILE.jsonl|FILE.txt (tokenized with the model's "
+                "tokenizer); RTN weight-only and FP8 need none"
+            )
+        return None
+    tokens = calibration.load_tokens(data, found["tokenizer"])
+    num_samples = spec.num_calibration_samples if spec.needs_calibration else 0
+    if request.num_eval_tokens < spec.calibration_seq_length:
+        raise UserError(f"--eval-tokens must be >= the window length {spec.calibration_seq_length}")
+    split = calibration.split_tokens(
+        tokens, num_samples, spec.calibration_seq_length, request.num_eval_tokens
+    )
+    calibration.check_vocab(split, found["tokenizer_vocab"], found["model_vocab"], str(data))
+    return split
+
+
+def _llmctl_wrote(out: Path) -> bool:
+    """Whether `out` is a finished llmctl quantize output (safe to replace under --force)."""
+    return (out / REPORT_FILE).is_file()
 
 
 def _quiet_progress() -> None:
@@ -359,33 +404,61 @@ class _Timer:
         self.sink[self.name] = round(time.perf_counter() - self.t0, 3)
 
 
-def _source_model_dir(plan: QuantPlan, workdir: Path, phases: _Phases) -> Path:
+LOG_FILE = "quantize.log"
+
+
+def _source_model_dir(plan: QuantPlan, workdir: Path, progress: Progress) -> Path:
     if plan.source_kind == "hf":
         return plan.request.source.resolve()
     from llmctl.quant.export import export_hf
 
-    with phases.time("export"):
-        export_hf(plan.checkpoint, workdir / "export")
+    export_hf(plan.checkpoint, workdir / "export", progress=progress)
     return (workdir / "export").resolve()
 
 
-def _quantize_into(plan: QuantPlan, staging: Path, phases: _Phases, model_dir: Path) -> float:
-    """Load, score, quantize and save into `staging`. Returns the baseline perplexity."""
-    from llmctl.quant.metrics import perplexity
+def _score(plan: QuantPlan, model: Any, progress: Progress, name: str) -> float | None:
+    """Held-out perplexity (None without data), one progress step per forward pass."""
+    from llmctl.quant.metrics import num_batches, perplexity
 
-    assert plan.split is not None
+    if plan.split is None:
+        return None
+    with progress.phase(name, num_batches(len(plan.split.heldout), plan.eval_seq_len)) as p:
+        return perplexity(model, plan.split.heldout, plan.eval_seq_len, on_batch=p.advance)
+
+
+def _layer_progress(model: Any, phase: Phase) -> list[Any]:
+    """Forward hooks that move `phase` to the deepest decoder layer reached (llm-compressor's
+    sequential pipeline calibrates one layer after another)."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+
+    def hook(index: int) -> Any:
+        return lambda *_: phase.update(index + 1)
+
+    return [layer.register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
+
+
+def _quantize_into(
+    plan: QuantPlan, staging: Path, phases: _Phases, model_dir: Path, progress: Progress
+) -> float | None:
+    """Load, score, quantize and save into `staging`. Returns the baseline perplexity."""
     spec = plan.request.spec
-    with phases.time("load"):
+    with phases.time("load"), progress.phase("load fp32 model"):
         model = load_model(model_dir, "fp32")
     with phases.time("eval_before"):
-        ppl_before = perplexity(model, plan.split.heldout, plan.eval_seq_len)
+        ppl_before = _score(plan, model, progress, "perplexity before")
     with phases.time("quantize"):
         if plan.request.dtype != "fp32":  # 16-bit scales: reload rather than cast (config dtype)
             del model
             model = load_model(model_dir, plan.request.dtype)
-        dataset = calibration_dataset(plan.split)
-        model = run_oneshot(model, model_dir, dataset, spec)
-    with phases.time("save"):
+        dataset = calibration_dataset(plan.split) if spec.needs_calibration else None
+        num_layers = len(getattr(getattr(model, "model", None), "layers", None) or [])
+        with progress.phase(f"{spec.algorithm.value} by layer", num_layers or None) as p:
+            hooks = _layer_progress(model, p) if spec.needs_calibration else []
+            model = run_oneshot(model, model_dir, dataset, spec)
+            p.update(num_layers)
+            for h in hooks:
+                h.remove()
+    with phases.time("save"), progress.phase("save compressed"):
         model.save_pretrained(str(staging), save_compressed=True)
         _copy_tokenizer(model_dir, staging)
         _set_config_dtype(staging, plan.request.dtype)
@@ -393,30 +466,50 @@ def _quantize_into(plan: QuantPlan, staging: Path, phases: _Phases, model_dir: P
     return ppl_before
 
 
-def run_quantization(plan: QuantPlan) -> QuantReport:
+def _run_steps(plan: QuantPlan, staging: Path, progress: Progress) -> QuantReport:
+    from llmctl.quant.metrics import PeakRss
+
+    req, phases, t0 = plan.request, _Phases(), time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=".llmctl-export-", dir=req.out.parent) as work:
+        with PeakRss() as peak:
+            with phases.time("export"):
+                model_dir = _source_model_dir(plan, Path(work), progress)
+            if plan.source_kind == "hf":
+                phases.seconds.pop("export")
+            ppl_before = _quantize_into(plan, staging, phases, model_dir, progress)
+            with phases.time("eval_after"):
+                with progress.phase("reload output"):
+                    reloaded = load_model(staging, "fp32")
+                ppl_after = _score(plan, reloaded, progress, "perplexity after")
+                del reloaded
+        before = _source_stats(model_dir, plan)
+    return _report(plan, staging, ppl_before, ppl_after, before, phases, peak, t0)
+
+
+def log_path(out: Path) -> Path:
+    """Where third-party warnings and bars go while `out` is written (moved into it after)."""
+    return out.parent / f".{out.name}.{LOG_FILE}"
+
+
+def run_quantization(plan: QuantPlan, progress: Progress = NO_PROGRESS) -> QuantReport:
     """Quantize, save, reload, score, and publish the output directory with its report.
+
+    Third-party warnings and progress bars go to `OUT/quantize.log` (kept next to OUT as
+    `.OUT.quantize.log` if the run fails), not the console, unless `-v`.
 
     Raises:
         UserError: Problems only the library finds (reported in one line).
     """
-    from llmctl.quant.metrics import PeakRss, perplexity
-
     _offline()
-    req, phases, t0 = plan.request, _Phases(), time.perf_counter()
+    req = plan.request
     staging = staging_dir(req.out)
+    log = log_path(req.out)
     try:
-        with tempfile.TemporaryDirectory(prefix=".llmctl-export-", dir=req.out.parent) as work:
-            with PeakRss() as peak:
-                model_dir = _source_model_dir(plan, Path(work), phases)
-                ppl_before = _quantize_into(plan, staging, phases, model_dir)
-                with phases.time("eval_after"):
-                    assert plan.split is not None
-                    reloaded = load_model(staging, "fp32")
-                    ppl_after = perplexity(reloaded, plan.split.heldout, plan.eval_seq_len)
-                    del reloaded
-            before = _source_stats(model_dir, plan)
-        report = _report(plan, staging, ppl_before, ppl_after, before, phases, peak, t0)
+        with third_party_output_to(log):
+            report = _run_steps(plan, staging, progress)
         (staging / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        if log.is_file():
+            log.replace(staging / LOG_FILE)
         _publish(staging, req.out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -438,8 +531,8 @@ def _source_stats(model_dir: Path, plan: QuantPlan) -> dict[str, Any]:
 def _report(
     plan: QuantPlan,
     staging: Path,
-    ppl_before: float,
-    ppl_after: float,
+    ppl_before: float | None,
+    ppl_after: float | None,
     before: dict[str, Any],
     phases: _Phases,
     peak: Any,
@@ -470,13 +563,16 @@ def _report(
         phase_s=dict(phases.seconds),
         peak_rss_bytes=int(peak.peak_bytes),
         versions=_versions(),
+        notes=list(plan.notes),
     )
 
 
-def quantize(request: QuantRequest, *, dry_run: bool = False) -> QuantPlan | QuantReport:
+def quantize(
+    request: QuantRequest, *, dry_run: bool = False, progress: Progress = NO_PROGRESS
+) -> QuantPlan | QuantReport:
     """Plan, then (unless `dry_run`) run."""
     plan = plan_quantization(request)
-    return plan if dry_run else run_quantization(plan)
+    return plan if dry_run else run_quantization(plan, progress)
 
 
 def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
@@ -493,6 +589,8 @@ def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
     from llmctl.config.schema import QuantConfig
 
     path = Path(name) if name.endswith((".yaml", ".yml")) else None
+    if path is not None and not path.is_file():
+        raise UserError(f"unknown quantization preset {name!r}: file not found")
     if path is None:
         path = resource_dir("configs") / "quant" / f"{name}.yaml"
         if not path.is_file():
@@ -530,30 +628,51 @@ def quantize_source(
     *,
     preset: str = "default",
     overrides: dict[str, Any] | None = None,
-    data_prefix: str | None = None,
+    scheme: str | None = None,
+    algorithm: str | None = None,
+    group_size: int | None = None,
+    ignore: list[str] | None = None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
+    data: str | None = None,
+    tokenizer: Path | None = None,
     step: int | None = None,
     num_eval_tokens: int = DEFAULT_EVAL_TOKENS,
     force: bool = False,
     dry_run: bool = False,
+    progress: Progress = NO_PROGRESS,
 ) -> QuantPlan | QuantReport:
-    """`llmctl quantize`: preset + CLI overrides -> checked spec -> plan -> run.
+    """`llmctl quantize`: preset + options -> checked spec -> plan -> run.
 
     Args:
         source: A llmctl run directory or a Hugging Face model directory.
         out: Output directory (created complete, or not at all).
         preset: Name in configs/quant/ (or a YAML path).
-        overrides: QuantConfig fields set on the command line (None values are dropped;
-            `ignore` entries are added to the preset's list).
-        data_prefix: Indexed dataset for calibration and evaluation (default: the run's).
+        overrides: QuantConfig fields to set (None values are dropped; `ignore` entries are
+            added to the preset's list); the named options below are the same fields.
+        scheme: `quant.scheme`.
+        algorithm: `quant.algorithm`.
+        group_size: `quant.group_size`; when not given, the preset's is adapted to the model.
+        ignore: Modules added to the preset's `ignore` list.
+        num_samples: `quant.num_calibration_samples`.
+        seq_len: `quant.calibration_seq_length`.
+        data: Indexed dataset prefix, or a .jsonl/.txt file tokenized with the model's own
+            tokenizer (default: the run's data; none needed for RTN weight-only and FP8).
+        tokenizer: Run directories: tokenizer.json to use instead of the run's.
         step: Checkpoint step for run directories (default: latest).
         num_eval_tokens: Held-out tokens scored before and after.
-        force: Replace an existing output directory.
+        force: Replace an existing output directory that llmctl wrote.
         dry_run: Check and plan only.
+        progress: Where phases are reported.
     """
     from llmctl.quant.schemes import spec_from_config
 
     _quiet_progress()
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    named = {
+        "scheme": scheme, "algorithm": algorithm, "group_size": group_size, "ignore": ignore,
+        "num_calibration_samples": num_samples, "calibration_seq_length": seq_len,
+    }  # fmt: skip
+    given = {k: v for k, v in {**(overrides or {}), **named}.items() if v is not None}
     extra_ignore = given.pop("ignore", None) or []
     config = load_preset(preset, given)
     config.ignore = list(dict.fromkeys([*config.ignore, *extra_ignore]))  # added, not replaced
@@ -565,9 +684,11 @@ def quantize_source(
         source=source,
         out=out,
         spec=spec,
-        data_prefix=data_prefix,
+        data=data,
+        tokenizer=tokenizer,
         step=step,
         num_eval_tokens=num_eval_tokens,
         force=force,
+        group_size_given="group_size" in given,
     )
-    return quantize(request, dry_run=dry_run)
+    return quantize(request, dry_run=dry_run, progress=progress)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -29,6 +29,17 @@ class Scheme(StrEnum):
     W4A16 = "W4A16"
     W8A8 = "W8A8"
     FP8_DYNAMIC = "FP8_DYNAMIC"
+
+
+class Preset(StrEnum):
+    """The shipped presets, configs/quant/<name>.yaml (a test keeps the two in step)."""
+
+    default = "default"
+    w8a16_rtn = "w8a16_rtn"
+    w4a16_gptq = "w4a16_gptq"
+    w4a16_awq = "w4a16_awq"
+    w8a8_smoothquant = "w8a8_smoothquant"
+    fp8_dynamic = "fp8_dynamic"
 
 
 class Algorithm(StrEnum):
@@ -157,6 +168,17 @@ def is_ignored(name: str, ignore: Iterable[str]) -> bool:
     return False
 
 
+GROUP_SIZES = (128, 64, 32, 16)
+
+
+def _offenders(spec: QuantSpec, linears: Mapping[str, tuple[int, int]], group: int) -> list[str]:
+    return [
+        f"{name} ({in_f})"
+        for name, (_, in_f) in linears.items()
+        if not is_ignored(name, spec.ignore) and in_f % group
+    ]
+
+
 def check_group_divisibility(spec: QuantSpec, linears: Mapping[str, tuple[int, int]]) -> None:
     """Every quantized Linear's input dimension must be a multiple of the group size.
 
@@ -165,21 +187,40 @@ def check_group_divisibility(spec: QuantSpec, linears: Mapping[str, tuple[int, i
         linears: Module name -> (out_features, in_features) of every Linear.
 
     Raises:
-        UserError: Naming the first module that does not divide, with the fixes.
+        UserError: Naming every module that does not divide (with its input dimension) and
+            the fixes.
     """
     if not spec.group_size:
         return
-    for name, (_, in_features) in linears.items():
-        if is_ignored(name, spec.ignore) or in_features % spec.group_size == 0:
-            continue
-        divisors = [g for g in (128, 64, 32, 16) if in_features % g == 0 and g < spec.group_size]
-        fix = f"--group-size {divisors[0]}" if divisors else "--group-size 0 (per-channel)"
-        raise UserError(
-            f"{spec.scheme.value} group size {spec.group_size} does not divide {name} input "
-            f"dimension {in_features}: use {fix}, or leave it unquantized with "
-            f"--ignore 're:.*{name.rsplit('.', 1)[-1]}$', or give the model dimensions that are "
-            f"multiples of {spec.group_size}"
-        )
+    bad = _offenders(spec, linears, spec.group_size)
+    if not bad:
+        return
+    fits = [g for g in GROUP_SIZES if g < spec.group_size and not _offenders(spec, linears, g)]
+    fix = f"--group-size {fits[0]}" if fits else "--group-size 0 (per-channel)"
+    raise UserError(
+        f"{spec.scheme.value} group size {spec.group_size} does not divide the input dimension "
+        f"of {len(bad)} module(s): {', '.join(bad)}; use {fix}, leave them unquantized with "
+        f"--ignore 're:...', or give the model dimensions that are multiples of "
+        f"{spec.group_size}"
+    )
+
+
+def fit_group_size(
+    spec: QuantSpec, linears: Mapping[str, tuple[int, int]]
+) -> tuple[QuantSpec, str | None]:
+    """The preset's group size, or the largest of 128/64/32/16 below it that divides every
+    quantized Linear (per channel when none does), with a note saying why it changed."""
+    if not spec.group_size or not _offenders(spec, linears, spec.group_size):
+        return spec, None
+    fits = [g for g in GROUP_SIZES if g < spec.group_size and not _offenders(spec, linears, g)]
+    group = fits[0] if fits else None
+    bad = _offenders(spec, linears, spec.group_size)
+    chosen = f"group size {group}" if group else "per-channel scales"
+    note = (
+        f"the preset's group size {spec.group_size} does not divide the input dimension of "
+        f"{len(bad)} module(s) (first: {bad[0]}); using {chosen} (--group-size to choose)"
+    )
+    return replace(spec, group_size=group), note
 
 
 def quantized_linears(spec: QuantSpec, linears: Mapping[str, tuple[int, int]]) -> dict[str, int]:

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmctl.progress import NO_PROGRESS, Progress
+
 FORMAT = "llmctl-checkpoint/1"
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -381,12 +383,15 @@ def _layout_text(manifest: dict[str, Any] | None) -> str:
     return " ".join(dims)
 
 
-def describe_checkpoints(run_dir: str | Path, *, full: bool = True) -> list[dict[str, Any]]:
+def describe_checkpoints(
+    run_dir: str | Path, *, full: bool = True, progress: Progress = NO_PROGRESS
+) -> list[dict[str, Any]]:
     """One JSON-ready row per committed checkpoint of a run directory, newest first.
 
     Args:
         run_dir: The run directory (holding `checkpoints/`).
         full: Verify CRC32s (reads every byte) instead of sizes only.
+        progress: One step per checkpoint validated.
 
     Raises:
         UserError: If `run_dir` is not a directory.
@@ -398,8 +403,13 @@ def describe_checkpoints(run_dir: str | Path, *, full: bool = True) -> list[dict
         raise UserError(f"run directory {run_dir} does not exist")
     root = run_dir / "checkpoints"
     latest = read_latest(root)
+    steps, checks = list(reversed(committed_steps(root))), []
+    with progress.phase("validate checkpoints", len(steps)) as phase:
+        for s in steps:
+            checks.append(validate(root / iter_name(s), full=full))
+            phase.advance()
     rows = []
-    for v in list_checkpoints(root, full=full):
+    for v in checks:
         m = v.manifest or {}
         rows.append(
             {

@@ -23,6 +23,7 @@ from quant_support import (
     FFN,
     HIDDEN,
     build_data,
+    corpus,
     mean_token_kl,
     reference_perplexity,
     train_llama,
@@ -78,7 +79,7 @@ def _run(tiny: dict, name: str, **overrides: object) -> tuple[Path, dict]:
         Path(tiny["model"]),  # type: ignore[arg-type]
         out,
         overrides=overrides,
-        data_prefix=str(tiny["prefix"]),
+        data=str(tiny["prefix"]),
         num_eval_tokens=EVAL_TOKENS,
     ).as_dict()
     print(
@@ -226,12 +227,15 @@ def test_interrupted_run_leaves_nothing(tiny: dict, monkeypatch: pytest.MonkeyPa
     with pytest.raises(KeyboardInterrupt):
         _run(tiny, "interrupted", scheme="W8A16", algorithm="rtn")
     assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(".interrupted")]
+    left = [p.name for p in out.parent.iterdir() if p.name.startswith(".interrupted")]
+    assert left == [".interrupted.quantize.log"]  # third-party output, kept for the post-mortem
 
 
 def test_cli_json_is_the_only_stdout(tiny: dict) -> None:
     """A real `llmctl quantize --json` process: stdout parses as JSON (llm-compressor logs to
-    stdout unless silenced), and the table it describes is the saved report."""
+    stdout unless silenced), and the table it describes is the saved report. stderr carries
+    llmctl's own phases with an ETA, and no third-party warning or progress bar: those are in
+    OUT/quantize.log (transformers' false "offloaded modules" warning among them)."""
     import subprocess
     import sys
 
@@ -241,13 +245,19 @@ def test_cli_json_is_the_only_stdout(tiny: dict) -> None:
         "--preset", "w8a16_rtn", "--data", str(tiny["prefix"]), "--seq-len", str(SEQ_LEN),
         "--eval-tokens", str(EVAL_TOKENS), "--json",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LLMCTL_PROGRESS": "1"}  # stderr is a pipe
     env.pop("LLMCTL_VERBOSE", None)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report == json.loads((out / "quant_report.json").read_text())
     assert report["scheme"] == "W8A16" and report["bits_per_weight"] == pytest.approx(8.125)
+    for phase in ("load fp32 model", "perplexity before", "save compressed", "perplexity after"):
+        assert phase in proc.stderr, proc.stderr
+    assert "ETA" in proc.stderr
+    for noise in ("Warning", "warn(", "%|", "Compressing model", "offloaded"):
+        assert noise not in proc.stderr, proc.stderr
+    assert "offloaded modules" in (out / "quantize.log").read_text()
 
 
 def test_killed_process_leaves_no_complete_looking_output(tiny: dict) -> None:
@@ -274,3 +284,30 @@ def test_killed_process_leaves_no_complete_looking_output(tiny: dict) -> None:
     assert not out.exists()
     leftovers = list(root.glob(".killed.partial-*"))
     assert leftovers and all(not (p / "quant_report.json").exists() for p in leftovers)
+
+
+def test_text_data_and_no_data(tiny: dict, tmp_path: Path) -> None:
+    """A third-party-style model scored on plain JSONL with its own tokenizer: the perplexity
+    equals transformers' on the tokens HF tokenizers makes of that file. RTN/FP8 run without
+    any data (nothing to score: said, not invented)."""
+    from tokenizers import Tokenizer
+
+    texts = corpus()[-60:]
+    jsonl = tmp_path / "heldout.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    model = Path(tiny["model"])  # type: ignore[arg-type]
+    report = quantize_source(
+        model, tmp_path / "w8_text", scheme="W8A16", algorithm="rtn", data=str(jsonl),
+        seq_len=SEQ_LEN, num_eval_tokens=4 * SEQ_LEN,
+    ).as_dict()  # fmt: skip
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    eos = tok.token_to_id(json.loads((model / "tokenizer_config.json").read_text())["eos_token"])
+    ids = np.asarray([i for t in texts for i in (*tok.encode(t).ids, eos)])
+    base = reference_perplexity(model, ids[-4 * SEQ_LEN :], SEQ_LEN)
+    assert report["perplexity_before"] == pytest.approx(base, rel=1e-5)
+    assert report["num_eval_tokens"] == 4 * SEQ_LEN
+
+    fp8 = quantize_source(model, tmp_path / "fp8_nodata", preset="fp8_dynamic").as_dict()
+    assert fp8["perplexity_before"] is None and fp8["perplexity_after"] is None
+    assert fp8["num_eval_tokens"] == 0 and "perplexity not scored" in fp8["notes"][-1]
+    assert (tmp_path / "fp8_nodata" / "quant_report.json").is_file()

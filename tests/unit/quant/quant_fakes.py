@@ -14,7 +14,9 @@ import numpy as np
 HIDDEN, FFN, VOCAB = 128, 256, 300
 
 
-def write_hf_dir(path: Path, *, ffn: int = FFN, arch: str = "LlamaForCausalLM") -> Path:
+def write_hf_dir(
+    path: Path, *, ffn: int = FFN, arch: str = "LlamaForCausalLM", layers: int = 1
+) -> Path:
     from safetensors.numpy import save_file
 
     from llmctl.data.tokenizer import train_bpe
@@ -24,15 +26,18 @@ def write_hf_dir(path: Path, *, ffn: int = FFN, arch: str = "LlamaForCausalLM") 
         "model.embed_tokens.weight": (VOCAB, HIDDEN),
         "model.norm.weight": (HIDDEN,),
         "lm_head.weight": (VOCAB, HIDDEN),
-        "model.layers.0.input_layernorm.weight": (HIDDEN,),
-        "model.layers.0.self_attn.q_proj.weight": (HIDDEN, HIDDEN),
-        "model.layers.0.self_attn.k_proj.weight": (64, HIDDEN),
-        "model.layers.0.self_attn.v_proj.weight": (64, HIDDEN),
-        "model.layers.0.self_attn.o_proj.weight": (HIDDEN, HIDDEN),
-        "model.layers.0.mlp.gate_proj.weight": (ffn, HIDDEN),
-        "model.layers.0.mlp.up_proj.weight": (ffn, HIDDEN),
-        "model.layers.0.mlp.down_proj.weight": (HIDDEN, ffn),
     }
+    for i in range(layers):
+        shapes |= {
+            f"model.layers.{i}.input_layernorm.weight": (HIDDEN,),
+            f"model.layers.{i}.self_attn.q_proj.weight": (HIDDEN, HIDDEN),
+            f"model.layers.{i}.self_attn.k_proj.weight": (64, HIDDEN),
+            f"model.layers.{i}.self_attn.v_proj.weight": (64, HIDDEN),
+            f"model.layers.{i}.self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+            f"model.layers.{i}.mlp.gate_proj.weight": (ffn, HIDDEN),
+            f"model.layers.{i}.mlp.up_proj.weight": (ffn, HIDDEN),
+            f"model.layers.{i}.mlp.down_proj.weight": (HIDDEN, ffn),
+        }
     save_file(
         {k: np.zeros(s, np.float32) for k, s in shapes.items()}, str(path / "model.safetensors")
     )

@@ -33,10 +33,11 @@ def test_dry_run_plans_without_writing(hf_dir: Path, data: str, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ([], "needs --data PREFIX"),
+        ([], "W4A16 gptq calibrates on data: pass --data"),
         (["--group-size", "96", "--data", "DATA"], "group size 96 does not divide"),
-        (["--scheme", "W5A16", "--data", "DATA"], "unknown quant.scheme"),
-        (["--preset", "nope", "--data", "DATA"], "unknown quantization preset"),
+        (["--scheme", "W5A16", "--data", "DATA"], "Invalid value for '--scheme'"),
+        (["--preset", "nope", "--data", "DATA"], "Invalid value for '--preset'"),
+        (["--preset-file", "nope.yaml", "--data", "DATA"], "unknown quantization preset"),
         (["--algorithm", "gptq", "--scheme", "FP8_DYNAMIC", "--data", "DATA"], "cannot produce"),
         (["--data", "DATA", "--num-samples", "1000"], "lower --num-samples"),
     ],
@@ -116,10 +117,78 @@ def test_export_architecture_mapping() -> None:
 def test_ignore_adds_to_the_preset_and_unblocks_a_module(tmp_path: Path, data: str) -> None:
     odd = write_hf_dir(tmp_path / "odd", ffn=192)  # down_proj input 192: not a multiple of 128
     args = [str(odd), "--out", str(tmp_path / "q"), "--data", data, "--dry-run", "--json"]
-    code, text = _quantize(*args)
-    assert code == 2 and "model.layers.0.mlp.down_proj input dimension 192" in text
-    code, text = _quantize(*args, "--ignore", "re:.*down_proj$")
+    code, text = _quantize(*args, "--group-size", "128")
+    assert code == 2 and "model.layers.0.mlp.down_proj (192)" in text
+    code, text = _quantize(*args, "--group-size", "128", "--ignore", "re:.*down_proj$")
     assert code == 0, text
     plan = json.loads(text)
     assert plan["ignore"] == ["lm_head", "re:.*down_proj$"]
     assert plan["num_quantized_linears"] == 6
+
+
+def test_group_size_fits_the_model_or_the_error_lists_every_module(
+    tmp_path: Path, data: str
+) -> None:
+    """The preset's group 128 does not divide a 192-wide FFN: llmctl picks 64 and says so; an
+    explicit --group-size that does not divide is refused naming every offending module."""
+    odd = write_hf_dir(tmp_path / "odd", ffn=192, layers=2)
+    args = [str(odd), "--out", str(tmp_path / "q"), "--data", data, "--dry-run", "--json"]
+    code, text = _quantize(*args)
+    assert code == 0, text
+    plan = json.loads(text)
+    assert plan["group_size"] == 64 and "using group size 64" in plan["notes"][0]
+    code, text = _quantize(*args, "--group-size", "128")
+    flat = " ".join(text.split())
+    assert code == 2 and "2 module(s)" in flat and "--group-size 64" in flat
+    for layer in (0, 1):
+        assert f"model.layers.{layer}.mlp.down_proj (192)" in flat
+
+
+def test_rtn_and_fp8_need_no_data(hf_dir: Path, tmp_path: Path) -> None:
+    for preset in ("w8a16_rtn", "fp8_dynamic"):
+        args = [str(hf_dir), "--out", str(tmp_path / "q"), "--preset", preset]
+        code, text = _quantize(*args, "--dry-run", "--json")
+        assert code == 0, text
+        plan = json.loads(text)
+        assert plan["data"] is None and plan["num_eval_tokens"] == 0
+        assert "perplexity not scored" in plan["notes"][-1]
+
+
+def test_text_data_is_tokenized_with_the_models_tokenizer(hf_dir: Path, tmp_path: Path) -> None:
+    """A JSONL file is read with the model directory's own tokenizer; a bad line is named."""
+    from tokenizers import Tokenizer
+
+    texts = [f"def g{i}(y):\n    return y * {i}\n" * 30 for i in range(60)]
+    jsonl = tmp_path / "eval.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    args = [str(hf_dir), "--out", str(tmp_path / "q"), "--preset", "w8a16_rtn", "--dry-run"]
+    code, text = _quantize(*args, "--data", str(jsonl), "--eval-tokens", "1024", "--json")
+    assert code == 0, text
+    assert json.loads(text)["data"] == str(jsonl)
+    from llmctl.quant.calibration import text_tokens
+
+    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))  # the oracle: HF tokenizers
+    eos = tok.token_to_id(json.loads((hf_dir / "tokenizer_config.json").read_text())["eos_token"])
+    expected = [i for t in texts for i in (*tok.encode(t).ids, eos)]
+    assert text_tokens(jsonl, hf_dir).tolist() == expected
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"txt": "no"}\n')
+    code, text = _quantize(*args, "--data", str(bad))
+    assert code == 2 and f"{bad}:2: expected a JSON object" in " ".join(text.split())
+
+
+def test_presets_enum_matches_shipped_files() -> None:
+    from llmctl.config.resources import list_options
+    from llmctl.quant.schemes import Preset
+
+    assert sorted(p.value for p in Preset) == list_options("quant")
+
+
+def test_force_never_replaces_what_llmctl_did_not_write(hf_dir: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    args = [str(hf_dir), "--out", str(mine), "--preset", "w8a16_rtn", "--dry-run", "--force"]
+    code, text = _quantize(*args)
+    assert code == 2 and "not written by llmctl quantize" in text
+    assert (mine / "notes.txt").read_text() == "keep me"
