@@ -30,12 +30,16 @@ def _walk(obj: Any, prefix: str, rows: list[tuple[str, Any, str]]) -> None:
 
 
 def recipe_summary(name: str) -> str:
-    """First comment line of a shipped recipe (what it reproduces)."""
+    """What a shipped recipe reproduces: its header comment up to "Expected layout:", whole
+    sentences, without the leading `name:`."""
     path: Path = resource_dir("recipes") / f"{name}.yaml"
+    words: list[str] = []
     for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+        text = line.lstrip("#").strip()
+        if not line.startswith("#") or not text or text.startswith("Expected layout"):
+            break
+        words.append(text)
+    return " ".join(words).removeprefix(f"{name}:").strip()
 
 
 def recipe_table() -> list[tuple[str, str]]:
