@@ -8,6 +8,12 @@ checks the tokenizer's vocabulary against the model's (from `data.tokenizer`, el
 `global_batch_size` consecutive samples of the (shuffled) dataset; micro-batch k of step t on
 DP rank r holds samples `t*gbs + k*mbs*dp + r*mbs ... + mbs`. Every layout therefore sees the
 same samples in each step, which is what makes TP/PP/DP runs comparable with TP=1.
+
+Supervised fine-tuning data (`llmctl data sft`, manifest kind "sft-packed") takes another
+dataset class, `SftSamples`: each pack becomes one sample whose loss mask keeps only response
+tokens, whose position ids restart in every example, and whose attention mask keeps every
+token inside its own example (megatron's local attention replaces its causal mask with the
+one given, so the mask given is causal and block-diagonal).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class DataSpec:
     tokenizer_vocab_size: int | None
     eod_id: int
     cache_dir: str
+    sft: bool = False
+    """The prefixes are packed SFT datasets (`llmctl data sft`)."""
 
 
 def default_cache_dir(cfg: Any) -> Path:
@@ -163,6 +171,7 @@ def resolve_data(cfg: Any) -> DataSpec:
         raise UserError(
             f"data.weights has {len(weights)} entries but data.prefixes has {len(prefixes)}"
         )
+    sft = _check_sft(cfg, prefixes)
     tok_path, vocab, eod = _tokenizer_facts(prefixes, cfg.data.tokenizer)
     if vocab is not None and vocab > cfg.model.vocab_size:
         raise UserError(
@@ -176,7 +185,28 @@ def resolve_data(cfg: Any) -> DataSpec:
         tokenizer_vocab_size=vocab,
         eod_id=eod,
         cache_dir=str(default_cache_dir(cfg)),
+        sft=sft,
     )
+
+
+def _check_sft(cfg: Any, prefixes: list[str]) -> bool:
+    """Whether the prefixes are SFT packs; checks their companions and sequence length."""
+    from llmctl.data.sft import output_prefixes, packed_seq_length
+
+    seq = packed_seq_length(prefixes)
+    if seq is None:
+        return False
+    if seq != cfg.model.seq_length:
+        raise UserError(
+            f"data.prefixes were packed for seq_length {seq} but model.seq_length="
+            f"{cfg.model.seq_length}; set model.seq_length={seq} or rerun `llmctl data sft`"
+        )
+    if cfg.data.weights is not None:
+        raise UserError("data.weights: SFT packs are concatenated, not blended; drop weights")
+    for prefix in prefixes:
+        for part in output_prefixes(prefix)[1:]:
+            check_prefix(part)
+    return True
 
 
 class _TokenizerInfo:
@@ -212,6 +242,8 @@ def build_datasets(
 
     Must be called on every rank (the builder synchronises index caching across ranks).
     """
+    if spec.sft:
+        return build_sft_datasets(cfg, spec, num_train_samples, num_valid_samples)
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
@@ -268,8 +300,12 @@ class MicroBatches:
         n = len(self.dataset)
         samples = [self.dataset[(start + i) % n] for i in range(self.mbs)]
         self.consumed_samples += self.mbs * self.dp
-        keys = ("tokens", "labels", "loss_mask", "position_ids")
-        return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in keys}
+        keys = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+        return {
+            k: torch.stack([torch.as_tensor(s[k]) for s in samples])
+            for k in keys
+            if k in samples[0]
+        }
 
     def state_dict(self) -> dict[str, int]:
         """Position in the sample stream (what a checkpoint must keep)."""
@@ -278,3 +314,113 @@ class MicroBatches:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a saved position."""
         self.consumed_samples = int(state["consumed_samples"])
+
+
+def split_range(n: int, split: str, part: int) -> tuple[int, int]:
+    """[start, end) of split `part` (0 train, 1 valid) of n items, megatron's rounding."""
+    parts = [float(x) for x in split.replace("/", ",").split(",")]
+    parts = [*parts, 0.0, 0.0, 0.0][:3]
+    bookends = [0]
+    for p in parts:
+        bookends.append(bookends[-1] + round(p / sum(parts) * n))
+    return bookends[part], bookends[part + 1]
+
+
+def sft_sample(tokens: Any, mask: Any, docs: Any) -> dict[str, Any]:
+    """Training sample of one pack (numpy arrays of length seq_length + 1).
+
+    tokens/labels are the pack shifted by one; a label is trained when it is a response token
+    of the same example as its input; position ids restart at 0 in every example; the
+    attention mask (True = masked, megatron's convention) is causal and block-diagonal.
+    """
+    import numpy as np
+    import torch
+
+    x = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+    d = torch.from_numpy(np.asarray(docs, dtype=np.int64))
+    m = torch.from_numpy(np.asarray(mask, dtype=np.int64))
+    din, dout = d[:-1], d[1:]
+    loss_mask = ((m[1:] > 0) & (dout == din) & (dout != 0)).float()
+    s = len(din)
+    idx = torch.arange(s)
+    new = torch.ones(s, dtype=torch.bool)
+    new[1:] = din[1:] != din[:-1]
+    starts = torch.cummax(torch.where(new, idx, torch.zeros_like(idx)), dim=0).values
+    allowed = (din[:, None] == din[None, :]) & torch.ones(s, s, dtype=torch.bool).tril()
+    return {
+        "tokens": x[:-1],
+        "labels": x[1:],
+        "loss_mask": loss_mask,
+        "position_ids": idx - starts,
+        "attention_mask": ~allowed.unsqueeze(0),
+    }
+
+
+class SftSamples:
+    """`num_samples` samples drawn epoch by epoch (reshuffled each epoch) from SFT packs.
+
+    Args:
+        packs: (dataset, pack indices) pairs; the indices select this split.
+        num_samples: Length of the sample stream.
+        seed: Shuffle seed.
+    """
+
+    def __init__(self, packs: list[tuple[Any, range]], num_samples: int, seed: int) -> None:
+        self.items = [(ds, i) for ds, r in packs for i in r]
+        self.num_samples, self.seed = num_samples, seed
+        self._orders: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return self.num_samples if self.items else 0
+
+    def _order(self, epoch: int) -> Any:
+        import numpy as np
+
+        if epoch not in self._orders:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._orders = {epoch: rng.permutation(len(self.items))}
+        return self._orders[epoch]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        n = len(self.items)
+        ds, j = self.items[int(self._order(i // n)[i % n])]
+        return sft_sample(*ds[j])
+
+
+def _refuse_te_packing(packs: list[Any]) -> None:
+    """Transformer Engine's causal attention ignores an explicit mask: packs of several
+    examples would attend across examples there, so they are refused on that path."""
+    import torch
+
+    from llmctl.data.sft import sft_manifest
+    from llmctl.train.precision import has_transformer_engine
+
+    if not (torch.cuda.is_available() and has_transformer_engine()):
+        return
+    for ds in packs:
+        manifest = sft_manifest(ds.prefix) or {}
+        if manifest.get("counts", {}).get("max_examples_per_pack", 1) > 1:
+            raise UserError(
+                f"data prefix {ds.prefix}: packs hold several examples, and Transformer "
+                "Engine attention would let them see each other; rebuild with "
+                "`llmctl data sft --no-pack`"
+            )
+
+
+def build_sft_datasets(
+    cfg: Any, spec: DataSpec, num_train_samples: int, num_valid_samples: int
+) -> tuple[Any, Any]:
+    """Train and validation `SftSamples` over the packs of every prefix, split by data.split."""
+    from llmctl.data.sft import PackedSft
+
+    datasets = [PackedSft(p) for p in spec.prefixes]
+    _refuse_te_packing(datasets)
+    splits = [
+        [(ds, range(*split_range(len(ds), cfg.data.split, part))) for ds in datasets]
+        for part in (0, 1)
+    ]
+    seed = cfg.train.seed
+    return (
+        SftSamples(splits[0], num_train_samples, seed),
+        SftSamples(splits[1], num_valid_samples, seed + 1),
+    )

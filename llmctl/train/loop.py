@@ -106,7 +106,9 @@ def _forward_step(data_iterator: Any, model: Any, device: Any) -> tuple[Any, Any
     labels = batch["labels"].to(device, non_blocking=True)
     position_ids = batch["position_ids"].to(device, non_blocking=True)
     loss_mask = batch["loss_mask"].to(device, non_blocking=True)
-    output = model(tokens, position_ids, None, labels=labels)
+    mask = batch.get("attention_mask")  # SFT packs: causal within each example only
+    attention_mask = None if mask is None else mask.to(device, non_blocking=True)
+    output = model(tokens, position_ids, attention_mask, labels=labels)
     return output, partial(_loss_func, loss_mask)
 
 
@@ -152,6 +154,7 @@ class Trainer:
         chunks = model_mod.build_model_chunks(
             cfg.model, self.config, layout, use_te=use_te, seed=cfg.train.seed
         )
+        model_mod.freeze_embeddings(chunks, cfg.train, cfg.model, layout.pp)
         if self.on_gpu:
             for c in chunks:
                 c.cuda(torch.cuda.current_device())

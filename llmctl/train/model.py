@@ -227,3 +227,33 @@ def count_parameters(model: Any) -> int:
     pos = 0 if _value(model.position_embedding) == "rope" else model.seq_length * h
     final_norm = h * (2 if _value(model.normalization) == "layernorm" else 1)
     return int(n * (attn + mlp + norms + bias) + embed + pos + final_norm)
+
+
+def freeze_embeddings(chunks: list[Any], train: Any, model: Any, pp: int) -> int:
+    """Freeze the input embeddings when `train.freeze_embeddings` asks; returns params frozen.
+
+    Frozen parameters get no gradient buffer in megatron's DDP and no optimizer state (its
+    optimizer skips parameters that do not require gradients). With tied embeddings the output
+    layer is the same tensor, so it is frozen too; with PP > 1 the last stage's copy would need
+    its gradient all-reduced with the first stage's, which megatron does unconditionally, so
+    that combination is refused.
+
+    Raises:
+        UserError: tied embeddings with PP > 1.
+    """
+    if not train.freeze_embeddings:
+        return 0
+    if model.tied_embeddings and pp > 1:
+        from llmctl.errors import UserError
+
+        raise UserError("train.freeze_embeddings with model.tied_embeddings needs pp=1")
+    frozen = 0
+    for chunk in chunks:
+        inner = getattr(chunk, "module", chunk)
+        embedding = getattr(inner, "embedding", None)
+        if embedding is None:
+            continue
+        for p in embedding.parameters():
+            p.requires_grad_(False)
+            frozen += p.numel()
+    return frozen
