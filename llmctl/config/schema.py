@@ -240,7 +240,7 @@ class TrainConfig:
     eval_interval: int = doc(25, "Steps between validation passes; 0 = never.")
     eval_iters: int = doc(2, "Validation batches per pass.")
     run_dir: str | None = doc(None, "Run directory; None = runs/<recipe>-<UTC timestamp>.")
-    force: bool = doc(False, "Launch even if the plan predicts the layout does not fit.")
+    force: bool = doc(False, "Launch even if the plan predicts no fit (--ignore-fit).")
 
 
 @dataclass(kw_only=True)
@@ -286,7 +286,11 @@ class LauncherConfig:
 class CheckpointConfig:
     """Distributed checkpoints (megatron-core dist_checkpointing, torch_dist format)."""
 
-    interval: int = doc(0, "Steps between checkpoints (also saved at the end); 0 = off.")
+    interval: int = doc(
+        0,
+        "Steps between checkpoints (also saved at the end); 0 = off, except that a requeueable "
+        "SLURM job gets max(1, min(train_iters // 10, 1000)).",
+    )
     async_save: bool = doc(True, "Write checkpoints asynchronously while training continues.")
     keep_last: int = doc(2, "Complete checkpoints kept, newest first.")
     keep_every: int | None = doc(None, "Also keep every N-th step as a milestone.")
