@@ -65,7 +65,7 @@ def requeue_checkpoint_default(cfg: Any) -> int | None:
         return None
     if cfg.checkpoint.interval > 0:
         return None
-    interval = max(1, min(cfg.train.train_iters // 10, MAX_DEFAULT_CHECKPOINT_INTERVAL))
+    interval = max(1, min(int(cfg.train.train_iters) // 10, MAX_DEFAULT_CHECKPOINT_INTERVAL))
     cfg.checkpoint.interval = interval
     return interval
 
