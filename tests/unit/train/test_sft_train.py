@@ -243,7 +243,8 @@ def test_freeze_embeddings_keeps_them_and_leaves_them_out_of_the_optimizer(packs
 def test_fine_tuned_tiny_model_learns_the_task(tmp_path):
     """Held-out loss on the translate task (one word): any model that ignores the prompt pays
     at least ln(32)/3 = 1.155 nats per trained token (3 trained tokens: the partner word, which
-    is uniform over 32 words without the prompt, then <|im_end|> and a newline)."""
+    is uniform over 32 words without the prompt, then <|im_end|> and a newline). Measured on
+    an AVX-512 CPU: 1.61 after 25 steps, 0.73 after 100, 0.19 after 200."""
     from llmctl.train import run_in_process
     from llmctl.train.rundir import create_run_dir
 
@@ -263,5 +264,5 @@ def test_fine_tuned_tiny_model_learns_the_task(tmp_path):
     val = result.val_losses
     assert set(val) == {25, 50, 75, 100, 125, 150, 175, 200}
     assert val[25] > floor  # still at or above the prompt-ignoring floor early on
-    assert val[200] < 0.4 * floor, val  # then well below it: the mapping is learned
+    assert val[200] < 0.5 * floor, val  # then well below it: the mapping is learned
     assert val[200] < val[100] < val[25]
