@@ -49,6 +49,7 @@ from llmctl.data.minhash import (
 from llmctl.data.outputs import (
     Interrupted,
     OutputLock,
+    check_collisions,
     check_dir_target,
     command_line,
     commit_dir,
@@ -544,6 +545,13 @@ def _common_root(chunks: list[Chunk]) -> Path:
     return Path(os.path.commonpath([p.parent for p in paths])) if paths else Path(".")
 
 
+def output_names(chunks: list[Chunk]) -> list[str]:
+    """The files `write_kept` may write, relative to the output folder, and the report."""
+    root = _common_root(chunks)
+    names = {str(_output_name(str(Path(p).resolve()), root)) for c in chunks for p in c.paths}
+    return sorted(names | {REPORT_NAME})
+
+
 def write_kept(shards: Shards, cfg: DedupConfig, keep: np.ndarray, out_tmp: Path) -> None:
     """Copy the kept records, file by file, in their input format."""
     from llmctl.data.writers import RecordWriter
@@ -616,6 +624,10 @@ def finish(
     go, and the job's scripts and logs stay.
     """
     shards = load_shards(chunks, work_dir)
+    if shards.num_docs == 0:
+        _clean(work_dir, keep_logs)
+        problems = shards.problems.as_dict()["counts"]
+        raise UserError(f"no documents in {', '.join(cfg.inputs)} (skipped: {problems or 'none'})")
     clusters, docs = cluster(shards, cfg)
     report = build_report(shards, cfg, clusters, docs, started)
     if cfg.dry_run:
@@ -668,6 +680,8 @@ def _dedup_here(
 ) -> DedupReport:
     started = time.perf_counter()
     chunks, scans = plan(cfg)
+    if cfg.output_dir is not None and not cfg.dry_run:
+        check_collisions(Path(cfg.output_dir), output_names(chunks))
     work_dir = prepare_work_dir(cfg, chunks, scans)
     total = sum(c.num_bytes for c in chunks)
     report = on_progress or (lambda _t, _d, _b: None)

@@ -191,14 +191,8 @@ def commit_dir(
         _write_marker(stage / MARKER, marker)
         os.replace(stage, target)
         return files
+    check_collisions(target, files)
     own = _own_files(target)
-    for rel in files:
-        dest = target / rel
-        if (dest.exists() or dest.is_symlink()) and rel not in own:
-            raise UserError(
-                f"{dest} exists and was not written by llmctl; not replacing it "
-                f"(move it away or choose another --out)"
-            )
     (target / MARKER).unlink(missing_ok=True)
     for rel in sorted(own - set(files)):
         (target / rel).unlink(missing_ok=True)
@@ -208,6 +202,24 @@ def commit_dir(
     _write_marker(target / MARKER, marker)
     shutil.rmtree(stage, ignore_errors=True)
     return files
+
+
+def check_collisions(target: Path, files: list[str]) -> None:
+    """Before any work: refuse if an output file would replace a file llmctl did not write.
+
+    Raises:
+        UserError: naming the first such file.
+    """
+    if not target.is_dir():
+        return
+    own = _own_files(target)
+    for rel in files:
+        dest = target / rel
+        if (dest.exists() or dest.is_symlink()) and rel not in own:
+            raise UserError(
+                f"{dest} exists and was not written by llmctl; not replacing it "
+                f"(move it away or choose another --out)"
+            )
 
 
 def _write_marker(path: Path, payload: dict[str, Any]) -> None:
