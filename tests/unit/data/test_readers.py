@@ -113,3 +113,32 @@ def test_small_inputs_still_split_for_every_worker(tmp_path: Path, write_jsonl) 
     chunks, _ = plan_chunks([path], 32 << 20)
     assert len(chunks) == 3
     assert len([d for c in chunks for d in iter_documents(c)]) == 3000
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_truncated_archive_is_named_with_offset_not_a_bad_line(tmp_path: Path, suffix: str) -> None:
+    """A cut download: reported as truncated with the file and the byte offset where the
+    compressed stream ends; the partial last line is not parsed (no "invalid JSON")."""
+    import zstandard
+
+    lines = b"".join(
+        json.dumps({"text": f"document {i} " * 20}).encode() + b"\n" for i in range(4000)
+    )
+    whole = gzip.compress(lines) if suffix == ".gz" else zstandard.ZstdCompressor().compress(lines)
+    path = tmp_path / f"cut.jsonl{suffix}"
+    path.write_bytes(whole[: len(whole) // 2])
+    (chunk,), _ = plan_chunks([path])
+    with pytest.raises(
+        BadInputError, match=r"truncated archive \((gzip|zstd) stream ends at byte"
+    ) as e:
+        list(iter_documents(chunk))
+    assert str(e.value).startswith(f"{path}:") and f"byte {len(whole) // 2} " in str(e.value)
+    log = ProblemLog()
+    docs = list(iter_documents(chunk, on_error=OnError.SKIP, log=log))
+    assert dict(log.counts) == {"truncated archive": 1}
+    assert 0 < len(docs) < 4000
+    assert [d.text for d in docs] == [f"document {i} " * 20 for i in range(len(docs))]
+    assert f":{len(docs) + 1}: truncated archive" in log.examples[0]
+    path.write_bytes(whole + whole)  # two complete members/frames: read through, no problem
+    (chunk,), _ = plan_chunks([path])
+    assert len(list(iter_documents(chunk))) == 8000
