@@ -672,7 +672,8 @@ def quantize_source(
         "scheme": scheme, "algorithm": algorithm, "group_size": group_size, "ignore": ignore,
         "num_calibration_samples": num_samples, "calibration_seq_length": seq_len,
     }  # fmt: skip
-    given = {k: v for k, v in {**(overrides or {}), **named}.items() if v is not None}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given |= {k: v for k, v in named.items() if v is not None}
     extra_ignore = given.pop("ignore", None) or []
     config = load_preset(preset, given)
     config.ignore = list(dict.fromkeys([*config.ignore, *extra_ignore]))  # added, not replaced
