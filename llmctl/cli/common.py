@@ -48,7 +48,7 @@ GpusOpt = Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per n
 ClusterFileOpt = Annotated[
     str | None,
     typer.Option(
-        "--cluster-file", help="Cluster description YAML (e.g. from `llmctl topo --save`)."
+        "--cluster-file", help="Cluster description YAML (e.g. from `llmctl topo --out`)."
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]

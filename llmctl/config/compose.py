@@ -120,7 +120,7 @@ def compose(
     Args:
         recipe: a shipped recipe name or a path to a recipe YAML file.
         overrides: Hydra overrides (`parallel.tp=4`, `model=llama3_8b`).
-        cluster_file: a cluster description (e.g. from `llmctl topo --save`) used as `cluster`.
+        cluster_file: a cluster description (e.g. from `llmctl topo --out`) used as `cluster`.
 
     Raises:
         UserError: unknown recipe, group, option or key; a value of the wrong type; a

@@ -230,7 +230,7 @@ def save_cluster(topology: Topology, path: str | Path, gpu: str | None = None) -
     import yaml
 
     desc, warnings = cluster_description(topology, gpu)
-    header = [f"# Written by `llmctl topo --save` from {topology.source}."]
+    header = [f"# Written by `llmctl topo --out` from {topology.source}."]
     header += [f"# warning: {w}" for w in warnings]
     body = yaml.safe_dump(desc, sort_keys=False, default_flow_style=None)
     Path(path).write_text("\n".join(header) + "\n" + body)
