@@ -16,7 +16,6 @@ checksums, tokenizer checksum, options) is unchanged; otherwise the work folder 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import multiprocessing as mp
 import os
 import queue
@@ -170,15 +169,8 @@ def _init_worker(
 def _encode_batch(
     texts: list[str], tok: Tokenizer, append_eod: bool, dtype: type
 ) -> tuple[np.ndarray, np.ndarray]:
-    ids = tok.encode_batch(texts)
-    if append_eod:
-        for doc in ids:
-            if doc:  # Megatron-LM: no EOD for a document without tokens
-                doc.append(tok.eod)
-    lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-    total = int(lengths.sum())
-    flat: np.ndarray = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=total)
-    return flat, lengths
+    # Megatron-LM: no EOD for a document without tokens; long documents go in pieces
+    return tok.encode_docs(texts, append_eod=append_eod, dtype=dtype)
 
 
 def _batches(docs: Iterator[Document], max_docs: int, max_bytes: int) -> Iterator[list[Document]]:

@@ -9,17 +9,41 @@ into manifests.
 The end-of-document id follows Megatron: the tokenizer's EOS token (`<|endoftext|>` for the
 tokenizers trained here). A tiktoken ranks file carries no special tokens, so `<|endoftext|>`
 is given the id right after the last rank.
+
+Speed (issue 12, finding 4). Preprocessing spends nearly all its time in encode, and the
+reference encoders build per-token Python objects and offset tables that Megatron's format never
+needs. Where the `fastokens` package is installed, a HF or tiktoken tokenizer is also loaded by
+it (a Rust BPE engine reading the same files) and its offset-free `encode_batch_flat` returns
+one flat uint32 buffer; it is used only after it encodes a probe text (every Unicode block,
+whitespace and control characters, contractions, digits, the special tokens) exactly as the
+reference library does, else the reference library runs. `engine` says which one runs.
+
+Memory (finding 3). A huge document is encoded in pieces cut where the pre-tokenizer is known
+to cut anyway, so ids are identical and the engine's working memory is that of one piece: a cut
+goes between an ASCII letter or digit and a following space or newline. Every alternative of the
+GPT-2 and tiktoken patterns that matches a letter or digit stops before a space or newline, and
+neither pattern looks behind, so pre-tokens (hence ids) never cross such a cut. Cuts are made only
+for tokenizers whose whole pipeline is that pre-tokenizer and a per-pre-token model: no
+normalizer, a ByteLevel pre-tokenizer with its regex and no added prefix space, no post-processor
+that adds tokens, no truncation or padding, and no added token that contains whitespace or eats
+whitespace to its right. SentencePiece documents are never cut (it treats every start of text
+as a word start).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from llmctl.errors import UserError
 
@@ -81,13 +105,47 @@ def resolve_tokenizer(path: str | Path, kind: str | None = None) -> TokenizerSpe
     raise UserError(f"tokenizer {p}: unknown kind; pass --tokenizer-kind hf|sentencepiece|tiktoken")
 
 
-class Tokenizer:
-    """A loaded tokenizer: `encode_batch(texts) -> list[list[int]]`, `eod`, `vocab_size`."""
+FlatEncode = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
+"""texts -> (all ids concatenated, offsets): text i's ids are ids[offsets[i]:offsets[i + 1]]."""
 
-    def __init__(self, spec: TokenizerSpec) -> None:
+PIECE_CHARS = 1 << 18
+"""Documents longer than this (characters) are encoded in pieces of at most about this size."""
+_CALL_CHARS = 1 << 18
+_CUT = re.compile(r"[A-Za-z0-9][ \n]")
+
+
+class Engine(StrEnum):
+    """Which library encodes: the tokenizer's own (reference) or fastokens (same ids, faster)."""
+
+    AUTO = "auto"
+    REFERENCE = "reference"
+    FASTOKENS = "fastokens"
+
+
+class Tokenizer:
+    """A loaded tokenizer: `encode_docs`, `encode_batch`, `eod`, `vocab_size`, `engine`."""
+
+    def __init__(
+        self, spec: TokenizerSpec, engine: Engine | str = Engine.AUTO, piece_chars: int = 0
+    ) -> None:
+        """Load `spec`.
+
+        Args:
+            spec: the tokenizer file and kind.
+            engine: auto (fastokens where it agrees with the reference on the probe),
+                reference, or fastokens (fail unless it loads and agrees).
+            piece_chars: cut size for long documents (0: `PIECE_CHARS`).
+
+        Raises:
+            UserError: the file cannot be loaded, or a required engine is unavailable.
+        """
         self.spec = spec
         self.eod = self.vocab_size = 0
+        self.engine = Engine.REFERENCE
+        self.piece_chars = piece_chars or PIECE_CHARS
+        self._splittable = False
         self._encode: Callable[[list[str]], list[list[int]]]
+        self._flat: FlatEncode
         loader = {
             TokenizerKind.HF: self._load_hf,
             TokenizerKind.SENTENCEPIECE: self._load_sentencepiece,
@@ -99,6 +157,9 @@ class Tokenizer:
             raise
         except Exception as e:
             raise UserError(f"tokenizer {spec.path}: cannot load as {spec.kind.value} ({e})") from e
+        self._flat = _flat_from_lists(self._encode)
+        if Engine(engine) is not Engine.REFERENCE:
+            self._try_fastokens(Engine(engine) is Engine.FASTOKENS)
 
     def _load_hf(self) -> None:
         from tokenizers import Tokenizer as HFTokenizer
@@ -110,6 +171,7 @@ class Tokenizer:
             raise UserError(f"tokenizer {self.spec.path} has no end-of-document token {eod_token}")
         self.eod, self.vocab_size = int(eod), int(tok.get_vocab_size(with_added_tokens=True))
         self._encode = lambda texts: [e.ids for e in tok.encode_batch_fast(texts)]
+        self._splittable = hf_splittable(json.loads(self.spec.path.read_text(encoding="utf-8")))
 
     def _load_sentencepiece(self) -> None:
         import sentencepiece as spm
@@ -135,11 +197,169 @@ class Tokenizer:
         )
         self.eod, self.vocab_size = len(ranks), len(ranks) + 1
         self._encode = lambda texts: enc.encode_ordinary_batch(list(texts), num_threads=1)
+        self._splittable = True
+
+    def _try_fastokens(self, required: bool) -> None:
+        """Switch to fastokens if it loads this file and encodes the probe as the reference."""
+        fast = _fastokens_flat(self.spec, self.eod)
+        probe = probe_texts() if fast is not None else []  # compared one text at a time
+        if fast is not None and all(_same(self._flat([t]), fast([t])) for t in probe):
+            self._flat, self.engine = fast, Engine.FASTOKENS
+            return
+        if required:
+            raise UserError(
+                f"tokenizer {self.spec.path}: fastokens is not installed, cannot read it, or "
+                "does not encode it exactly as the reference library; use engine auto"
+            )
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, without an EOD (the writer appends it)."""
         out: list[list[int]] = self._encode(texts)
         return out
+
+    def encode_docs(
+        self, texts: list[str], *, append_eod: bool = True, dtype: Any = np.int32
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Encode documents into one flat `dtype` array and per-document lengths (int32).
+
+        As Megatron-LM's preprocess_data.py: the EOD is appended to every document that has
+        tokens, never to one without. Long documents are encoded in pieces (see the module
+        docstring), so peak memory is about that of one piece plus the ids.
+        """
+        parts: list[np.ndarray] = []
+        lengths = np.zeros(len(texts), dtype=np.int64)
+        for units, owner in self._calls(texts):
+            ids, off = self._flat(units)
+            np.add.at(lengths, owner, np.diff(off))
+            parts.append(ids.astype(dtype))
+            del ids, units
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        del parts
+        if append_eod:
+            nonempty = lengths > 0
+            flat = np.insert(flat, np.cumsum(lengths)[nonempty], np.asarray(self.eod, dtype))
+            lengths += nonempty
+        return flat, lengths.astype(np.int32)
+
+    def _calls(self, texts: list[str]) -> Iterator[tuple[list[str], np.ndarray]]:
+        """Engine calls of about `_CALL_CHARS` characters: the texts, long ones cut lazily
+        into pieces (so at most one call's pieces exist at a time), with each unit's document.
+        """
+        if not self._splittable or all(len(t) <= self.piece_chars for t in texts):
+            yield texts, np.arange(len(texts))
+            return
+        units: list[str] = []
+        owner: list[int] = []
+        size = 0
+        for i, text in enumerate(texts):
+            for piece in iter_pieces(text, self.piece_chars):
+                if size and size + len(piece) > max(_CALL_CHARS, self.piece_chars):
+                    yield units, np.asarray(owner, dtype=np.int64)
+                    units, owner, size = [], [], 0
+                units.append(piece)
+                owner.append(i)
+                size += len(piece)
+        if units:
+            yield units, np.asarray(owner, dtype=np.int64)
+
+
+def iter_pieces(text: str, piece_chars: int) -> Iterator[str]:
+    """Cut `text` into pieces of about `piece_chars` (half to full) at safe cuts only.
+
+    A cut lies between an ASCII letter or digit and a space or newline. Where no cut exists
+    within a window, the piece runs on to the next one (or to the end).
+    """
+    start = 0
+    while len(text) - start > piece_chars:
+        m = _CUT.search(text, start + piece_chars // 2, start + piece_chars + 1)
+        m = m or _CUT.search(text, start + piece_chars)
+        if m is None:
+            break
+        yield text[start : m.start() + 1]
+        start = m.start() + 1
+    yield text[start:] if start else text
+
+
+def hf_splittable(config: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json's pipeline keeps pre-tokens from crossing `split_text` cuts."""
+    pre = config.get("pre_tokenizer") or {}
+    post = config.get("post_processor")
+    byte_level = (
+        pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space", False)
+    )
+    added_ok = all(
+        not t.get("rstrip") and not t.get("single_word") and not re.search(r"\s", t["content"])
+        for t in config.get("added_tokens") or []
+    )
+    return (
+        byte_level
+        and added_ok
+        and config.get("normalizer") is None
+        and (post is None or post.get("type") == "ByteLevel")
+        and config.get("truncation") is None
+        and config.get("padding") is None
+    )
+
+
+def _same(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
+    return bool(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]))
+
+
+def _flat_from_lists(encode: Callable[[list[str]], list[list[int]]]) -> FlatEncode:
+    def flat(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = encode(texts)
+        off = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, ids), np.int64, count=len(ids)), out=off[1:])
+        chain = itertools.chain.from_iterable(ids)
+        return np.fromiter(chain, dtype=np.int64, count=int(off[-1])), off
+
+    return flat
+
+
+def _fastokens_flat(spec: TokenizerSpec, eod: int) -> FlatEncode | None:
+    """fastokens' offset-free batch encode for this file, or None where it cannot load it."""
+    try:
+        import fastokens
+    except ImportError:
+        return None
+    # one thread: llmctl runs one worker process per core (the default spawns a second thread)
+    os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+    try:
+        if spec.kind is TokenizerKind.HF:
+            tok = fastokens.Tokenizer.from_file(str(spec.path))
+            special, split = True, False
+        else:
+            tok = fastokens.Tokenizer.from_tiktoken(
+                str(spec.path),
+                pattern=TIKTOKEN_PATTERN,
+                special_tokens={spec.eod_token or EOD_TOKEN: eod},
+            )
+            special, split = False, True
+    except Exception:  # any failure means: use the reference library
+        return None
+
+    def flat(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids, off = tok.encode_batch_flat(
+            texts, add_special_tokens=special, split_special_tokens=split
+        )
+        return np.frombuffer(ids, dtype=np.uint32), np.frombuffer(off, np.uint64).astype(np.int64)
+
+    return flat
+
+
+def probe_texts() -> list[str]:
+    """Texts on which a second engine must match the reference before it is used: a sample of
+    every Unicode plane next to letters, digits, spaces and apostrophes, whitespace and control
+    characters, contractions, digit runs and the usual special-token spellings."""
+    cps = [c for c in range(0, 0x110000, 127) if not 0xD800 <= c < 0xE000]
+    rows = ["".join(f"a{chr(c)}1 {chr(c)}{chr(c)}x'{chr(c)}s  {chr(c)}\n" for c in cps[i : i + 256])
+            for i in range(0, len(cps), 256)]  # fmt: skip
+    return [*rows, "", " ", "\n", "  \n\t ", "x\r\n\r\n\x0b\x0c\x85\u2028\u00a0\u3000y\x00\x7f",
+            "I'm 's 'S 'LL 're 've 'd don't", "1 12 123 1234 12345 \u00bd \u0663\u0664 \u2167",
+            "<|endoftext|>", "a<|endoftext|>b <s></s> [CLS] <|im_start|>",
+            "def f(x):\n    return x  # \u00e9\u00e8 \U0001f600\U0001f3fd\u200d"]  # fmt: skip
 
 
 def _hf_eos_token(tokenizer_json: Path) -> str | None:
