@@ -134,7 +134,7 @@ class ShardWriter:
     def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append documents given as one flat token array and per-document lengths (a 0 is a
         document without tokens: a document-index entry, no sequence)."""
-        self._bin.write(memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)))  # no copy
+        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).data)  # no copy
         self._lengths.append(np.asarray(lengths, dtype=np.int32))
 
     def close(self) -> int:
