@@ -3,13 +3,15 @@
 The total is the input size in bytes, known before work starts, so every line carries a
 percentage and an ETA (from the bytes done in this run; chunks reused from an interrupted run
 count as done but not towards the rate). On a terminal a rich bar redraws in place; otherwise
-(nohup, SLURM logs, CI) a plain line is printed every `interval_s` seconds and once at the end:
+(nohup, SLURM logs, CI) a plain line is printed every `interval_s` seconds (10, or
+`$LLMCTL_PROGRESS_INTERVAL_S`) and once at the end:
 
     preprocess: 41.3% 86.0/208.2 MB 12,345 docs 9.1 MB/s ETA 0:00:13
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -57,13 +59,14 @@ class Progress:
         *,
         enabled: bool = True,
         stream: IO[str] | None = None,
-        interval_s: float = 10.0,
+        interval_s: float | None = None,
         tty: bool | None = None,
     ) -> None:
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = self.stream.isatty() if tty is None else tty
-        self.interval_s = interval_s
+        env = os.environ.get("LLMCTL_PROGRESS_INTERVAL_S")
+        self.interval_s = interval_s if interval_s is not None else float(env or 10.0)
         self.line = ProgressLine(label)
         self._last = 0.0
         self._bar: Any = None
