@@ -368,9 +368,17 @@ def run_chunk_here(cfg: PreprocessConfig, run: RunPlan, index: int) -> dict[str,
 
 
 def finish_run(
-    cfg: PreprocessConfig, prefix: Path, run: RunPlan, started: float, num_workers: int
+    cfg: PreprocessConfig,
+    prefix: Path,
+    run: RunPlan,
+    started: float,
+    num_workers: int,
+    keep_logs: bool = False,
 ) -> PreprocessSummary:
     """Merge the finished shards in chunk order and commit `.bin`, `.idx`, manifest.
+
+    The work folder is removed afterwards; with `keep_logs` (SLURM) only the shards go and the
+    job's scripts and logs stay.
 
     Raises:
         UserError: a chunk is not done, or no documents at all.
@@ -384,7 +392,7 @@ def finish_run(
     )
     if summary.num_docs == 0:
         raise UserError(f"no documents in {', '.join(cfg.inputs)} (problems: {summary.problems})")
-    _commit(cfg, prefix, run.work_dir, run.chunks, run.plan, summary)
+    _commit(cfg, prefix, run.work_dir, run.chunks, run.plan, summary, keep_logs)
     summary.elapsed_s = time.perf_counter() - started
     return summary
 
@@ -474,6 +482,7 @@ def _commit(
     chunks: list[Chunk],
     plan: dict[str, Any],
     summary: PreprocessSummary,
+    keep_logs: bool = False,
 ) -> None:
     shards = [work_dir / f"shard_{c.index:06d}" for c in chunks]
     merged = work_dir / "merged"
@@ -508,4 +517,8 @@ def _commit(
         (indexed.idx_path(merged), indexed.idx_path(prefix)),
     ]
     commit(moves, work_dir / "manifest.json", manifest_path(prefix))
-    shutil.rmtree(work_dir)
+    if not keep_logs:
+        shutil.rmtree(work_dir)
+        return
+    for f in [*work_dir.glob("shard_*"), *work_dir.glob("merged*"), work_dir / "plan.json"]:
+        f.unlink(missing_ok=True)

@@ -279,7 +279,8 @@ def _preprocess_step(step: str, job_json: Path, argv: list[str]) -> dict[str, An
             raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
     prefix = Path(cfg.output_prefix)
     with OutputLock(prefix):
-        return finish_run(cfg, prefix, run, time.perf_counter(), len(run.chunks)).as_dict()
+        summary = finish_run(cfg, prefix, run, time.perf_counter(), 1, keep_logs=True)
+        return summary.as_dict()
 
 
 def main(argv: list[str]) -> None:
