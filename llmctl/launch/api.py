@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,7 @@ def prepare_train(
     """
     from llmctl.config import compose
     from llmctl.launch.ckpt_resume import inspect_run_dir
+    from llmctl.launch.lock import check_run_lock
     from llmctl.launch.slurm import requeue_checkpoint_default
     from llmctl.train.layout import resolve_layout
     from llmctl.train.rundir import absolute_paths, default_run_dir
@@ -110,6 +112,7 @@ def prepare_train(
     launch = TrainLaunch(
         cfg=cfg, kind=str(cfg.launcher.kind), run_dir=run_dir, layout=layout, plan=plan
     )
+    check_run_lock(run_dir)  # a live trainer's run directory is not even read
     launch.resume_point = inspect_run_dir(cfg, layout, restart_from_scratch=restart_from_scratch)
     _render(launch)
     return launch
@@ -239,12 +242,33 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
     Returns:
         {"kind", "run_dir", and "exit_code" (local/torchrun) or "job_id" (slurm)}.
     """
-    from llmctl.launch.ckpt_resume import accept_run_dir
     from llmctl.train.preflight import preflight
-    from llmctl.train.rundir import create_run_dir
 
     check_launcher(launch)
     preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"))
+    lock = _lock_run_dir(launch)  # one trainer per run directory; before anything is written
+    try:
+        return _execute_locked(launch, echo, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_run_dir(launch: TrainLaunch) -> Any:
+    """Hold the run directory for the local launcher; only check it for jobs that lock it
+    themselves (SLURM, ssh: rank 0 takes the lock). Raises UserError if another trainer has it."""
+    from llmctl.launch.lock import acquire_run_lock, check_run_lock
+
+    if launch.kind == "local":
+        return acquire_run_lock(launch.run_dir)
+    check_run_lock(launch.run_dir)
+    return None
+
+
+def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict[str, Any]:
+    from llmctl.launch.ckpt_resume import accept_run_dir
+    from llmctl.train.rundir import create_run_dir
+
     accept_run_dir(launch.resume_point)  # the launch is accepted: invalid checkpoints aside
     create_run_dir(launch.cfg, launch.plan)
     shown = {k: v for k, v in launch.describe().items() if k in ("command", "nodes")}
@@ -258,22 +282,36 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
         _write_launch(launch.run_dir, record)
         return result
     _write_launch(launch.run_dir, record)
+    from llmctl.launch.common import RankExits
+
+    exits = RankExits()
     if launch.kind == "local":
         from llmctl.launch.local import execute_local
 
-        rc = execute_local(launch.argv, launch.env, launch.run_dir / "logs" / "launcher.log", echo)
+        log = launch.run_dir / "logs" / "launcher.log"
+        rc = execute_local(launch.argv, launch.env, log, echo, lock_fd=lock.fd, exits=exits)
     else:
         from llmctl.launch.torchrun import execute_torchrun
 
-        rc = execute_torchrun(launch.nodes, launch.run_dir / "logs", echo)
+        rc = execute_torchrun(launch.nodes, launch.run_dir / "logs", echo, exits=exits)
     record.update(exit_code=rc, finished=time.time())
+    if exits.reason():
+        record["reason"] = result["reason"] = exits.reason()
     _write_launch(launch.run_dir, record)
     result["exit_code"] = rc
     return result
 
 
 def _write_launch(run_dir: Path, record: dict[str, Any]) -> None:
-    (run_dir / LAUNCH_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    """Replace launch.json atomically; on a full or failing disk keep the old one, say so."""
+    path = run_dir / LAUNCH_FILE
+    tmp = path.with_name(f".{LAUNCH_FILE}.tmp")
+    try:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        print(f"llmctl: cannot write {path} ({e.strerror})", file=sys.stderr, flush=True)
 
 
 def read_launch(run_dir: str | Path) -> dict[str, Any]:

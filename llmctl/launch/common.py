@@ -5,8 +5,10 @@ Pure functions of the configuration and the layout; nothing here starts a proces
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -139,16 +141,92 @@ def run_name(run_dir: str | Path) -> str:
     return name or "llmctl"
 
 
-def tee(src: IO[bytes], log_path: str | Path, echo: TextIO | None) -> None:
-    """Copy a child's output to a log file (appending) and, if given, to a console stream."""
+# The line a rank prints when it exits non-zero (llmctl.train.entry); torchrun exits 1 whatever
+# its workers' codes, so launchers read the rank's code from its output.
+EXIT_LINE_RE = re.compile(rb"^llmctl: rank (\d+) exits (\d+): (.*)$", re.M)
+
+
+class RankExits:
+    """Exit codes ranks reported in their output (`EXIT_LINE_RE`), first report first."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[int, int, str]] = []
+        self._partial: dict[int, bytes] = {}
+        self._mutex = threading.Lock()
+
+    def feed(self, chunk: bytes, source: int = 0) -> None:
+        """Scan a chunk of one output stream (`source`: lines may span chunks)."""
+        with self._mutex:
+            data = self._partial.get(source, b"") + chunk
+            cut = data.rfind(b"\n") + 1
+            self._partial[source] = data[cut:][-4096:]
+            for m in EXIT_LINE_RE.finditer(data[:cut]):
+                message = m.group(3).decode(errors="replace").strip()
+                self.reports.append((int(m.group(1)), int(m.group(2)), message))
+
+    def exit_code(self, launcher_rc: int) -> int:
+        """The code to give the user: a failed launcher's rank code when one was reported."""
+        if launcher_rc == 0 or not self.reports:
+            return launcher_rc
+        return next((code for _, code, _ in self.reports if code), launcher_rc)
+
+    def reason(self) -> str | None:
+        """The first non-zero rank's one-line reason, if any."""
+        return next((msg for _, code, msg in self.reports if code and msg), None)
+
+
+def tee(
+    src: IO[bytes], log_path: str | Path, echo: TextIO | None, exits: RankExits | None = None
+) -> None:
+    """Copy a child's output to a log file (appending) and, if given, to a console stream.
+
+    Never raises on the log file: a full disk or an I/O error stops the copy to the file (one
+    note on the console) while the console copy and the run go on, so the run's own failed-save
+    policy decides what happens. Reads until every writer of `src` has closed it.
+    """
     sink = getattr(echo, "buffer", None)
-    with open(log_path, "ab") as log:
-        for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
-            log.write(chunk)
-            log.flush()
+    log = _open_log(log_path, echo)
+    for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
+        if exits is not None:
+            exits.feed(chunk, id(src))
+        if log is not None:
+            log = _log_write(log, chunk, log_path, echo)
+        try:
             if sink is not None:
                 sink.write(chunk)
                 sink.flush()
             elif echo is not None:
                 echo.write(chunk.decode(errors="replace"))
                 echo.flush()
+        except (OSError, ValueError):  # the console went away: keep draining the pipe
+            sink = echo = None
+    if log is not None:
+        with contextlib.suppress(OSError):
+            log.close()
+
+
+def _open_log(log_path: str | Path, echo: TextIO | None) -> IO[bytes] | None:
+    try:
+        return open(log_path, "ab")  # closed by tee
+    except OSError as e:
+        _note(echo, f"llmctl: cannot write {log_path} ({e.strerror}); console output only")
+        return None
+
+
+def _log_write(
+    log: IO[bytes], chunk: bytes, log_path: str | Path, echo: TextIO | None
+) -> IO[bytes] | None:
+    try:
+        log.write(chunk)
+        log.flush()
+        return log
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            log.close()
+        _note(echo, f"llmctl: stopped copying output to {log_path} ({e.strerror}); console only")
+        return None
+
+
+def _note(echo: TextIO | None, text: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=echo if echo is not None else sys.stderr, flush=True)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
+    RankExits,
     entry_args,
     launch_env,
     launch_shape,
@@ -19,6 +23,8 @@ from llmctl.launch.common import (
     tee,
     torchrun_prefix,
 )
+from llmctl.launch.lock import HELD_ENV
+from llmctl.launch.procs import TOKEN_ENV, end_processes, new_token
 
 
 def render_local(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> list[str]:
@@ -60,32 +66,94 @@ def shell_line(argv: list[str], env: dict[str, str]) -> str:
 
 
 def execute_local(
-    argv: list[str], env: dict[str, str], log_path: str | Path, echo: TextIO | None = None
+    argv: list[str],
+    env: dict[str, str],
+    log_path: str | Path,
+    echo: TextIO | None = None,
+    *,
+    lock_fd: int | None = None,
+    exits: RankExits | None = None,
 ) -> int:
     """Run the rendered command, copying its output to `log_path` and to `echo` (stdout).
 
     The child sees LLMCTL_STDOUT_ISATTY=1 when the console is a terminal, so the entry point can
     keep its live panel although its own stdout is a pipe. Ctrl-C reaches torchrun too (same
-    process group); it is given 30 s to stop its workers.
+    process group); SIGTERM to this process is passed on to torchrun (its workers checkpoint
+    and exit); if this process dies, torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
+    When torchrun has exited, any process of the run still alive (found by its run token,
+    `procs.TOKEN_ENV`) is ended, so the call returns and nothing of the run is left.
+
+    Args:
+        argv: The rendered torchrun command.
+        env: The rendered environment.
+        log_path: The launcher log (appended).
+        echo: Console stream (default stdout).
+        lock_fd: The run-directory lock (`lock.acquire_run_lock`), handed to torchrun so the lock
+            lives as long as torchrun does.
+        exits: Collects the ranks' reported exit codes and reasons (`common.RankExits`).
 
     Returns:
-        The torchrun exit code.
+        The exit code: a rank's own code when torchrun failed because a rank exited non-zero
+        (torchrun itself exits 1), else torchrun's.
     """
     if not Path(argv[0]).exists():
         raise UserError(f"python {argv[0]} not found; set launcher.python to an interpreter path")
     echo = sys.stdout if echo is None else echo
-    full_env = {**os.environ, **env}
+    token = new_token()
+    full_env = {**os.environ, **env, TOKEN_ENV: token}
+    if lock_fd is not None:
+        full_env[HELD_ENV] = "1"
     if echo.isatty():
         full_env["LLMCTL_STDOUT_ISATTY"] = "1"
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with contextlib.suppress(OSError):
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    proc = _spawn(argv, full_env, lock_fd)
+    exits = RankExits() if exits is None else exits
     assert proc.stdout is not None
+    copier = threading.Thread(target=tee, args=(proc.stdout, log_path, echo, exits), daemon=True)
+    copier.start()
+    rc = _wait_forwarding(proc)
+    end_processes(token)
+    copier.join(timeout=10)
+    return exits.exit_code(rc)
+
+
+def _spawn(argv: list[str], env: dict[str, str], lock_fd: int | None) -> subprocess.Popen[bytes]:
+    """The one place this backend starts a process (torchrun)."""
+    from llmctl.train.ckpt_signals import parent_death_signal
+
+    if lock_fd is not None:
+        os.set_inheritable(lock_fd, True)
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=() if lock_fd is None else (lock_fd,),
+        preexec_fn=parent_death_signal(signal.SIGTERM),  # torchrun ends with this process
+    )
+
+
+def _wait_forwarding(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for torchrun, passing SIGTERM on; Ctrl-C (already sent to it) gets 30 s."""
+
+    def forward(signum: int, frame: Any) -> None:
+        del frame
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, forward)
     try:
-        tee(proc.stdout, log_path, echo)
-        return proc.wait()
-    except KeyboardInterrupt:
         try:
-            return proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
             return proc.wait()
+        except KeyboardInterrupt:
+            try:
+                return proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait()
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)

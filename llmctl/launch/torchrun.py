@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
+    RankExits,
     entry_args,
     launch_env,
     launch_shape,
@@ -252,7 +253,11 @@ def secret_values(names: tuple[str, ...]) -> dict[str, str]:
 
 
 def execute_torchrun(
-    nodes: list[NodeCommand], log_dir: str | Path, echo: TextIO | None = None
+    nodes: list[NodeCommand],
+    log_dir: str | Path,
+    echo: TextIO | None = None,
+    *,
+    exits: RankExits | None = None,
 ) -> int:
     """Start every node's torchrun over ssh and wait for all of them.
 
@@ -268,26 +273,35 @@ def execute_torchrun(
     re-formed group resumes from the newest complete checkpoint. Node 0 hosts the rendezvous
     store, so its loss ends the run.
 
+    Ranks report their own exit code in their output (`common.RankExits`); torchrun exits 1
+    whatever its workers' codes, so a reported code replaces it.
+
     Returns:
-        0 when every node succeeded, else the first non-zero exit code.
+        0 when every node succeeded, else the first non-zero exit code (a rank's own, if one
+        was reported).
     """
     secret_values(nodes[0].secrets)  # fail before anything starts
     Path(log_dir).mkdir(parents=True, exist_ok=True)
+    exits = RankExits() if exits is None else exits
     copiers: list[threading.Thread] = []
-    procs = [_start_node(node, log_dir, echo, copiers) for node in nodes]
+    procs = [_start_node(node, log_dir, echo, copiers, exits) for node in nodes]
     try:
-        rc = _wait_all(procs, nodes, log_dir, echo, copiers)
+        rc = _wait_all(procs, nodes, log_dir, echo, copiers, exits)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
         for t in copiers:
             t.join(timeout=5)
-    return rc
+    return exits.exit_code(rc)
 
 
 def _start_node(
-    node: NodeCommand, log_dir: str | Path, echo: TextIO | None, copiers: list[threading.Thread]
+    node: NodeCommand,
+    log_dir: str | Path,
+    echo: TextIO | None,
+    copiers: list[threading.Thread],
+    exits: RankExits | None = None,
 ) -> subprocess.Popen[bytes]:
     """Run one node's ssh command: secrets on stdin, output appended to node<R>.log."""
     secrets = secret_values(node.secrets)
@@ -299,7 +313,7 @@ def _start_node(
     proc.stdin.close()
     log = Path(log_dir) / f"node{node.node_rank}.log"
     shown = (sys.stdout if echo is None else echo) if node.node_rank == 0 else None
-    t = threading.Thread(target=tee, args=(proc.stdout, log, shown))
+    t = threading.Thread(target=tee, args=(proc.stdout, log, shown, exits), daemon=True)
     t.start()
     copiers.append(t)
     return proc
@@ -310,6 +324,7 @@ def rejoin_node(
     log_dir: str | Path,
     echo: TextIO | None = None,
     copiers: list[threading.Thread] | None = None,
+    exits: RankExits | None = None,
 ) -> subprocess.Popen[bytes]:
     """Bring a lost node back: run its rendered command again, exactly as at launch.
 
@@ -324,7 +339,7 @@ def rejoin_node(
     with open(Path(log_dir) / f"node{node.node_rank}.log", "a") as log:
         log.write(note)
     print(note, end="", file=sys.stderr if echo is None else echo, flush=True)
-    return _start_node(node, log_dir, echo, [] if copiers is None else copiers)
+    return _start_node(node, log_dir, echo, [] if copiers is None else copiers, exits)
 
 
 def host_answers(node: NodeCommand, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -374,6 +389,7 @@ def _wait_all(
     log_dir: str | Path,
     echo: TextIO | None,
     copiers: list[threading.Thread],
+    exits: RankExits | None = None,
 ) -> int:
     failed_at: float | None = None
     first_rc = 0
@@ -386,7 +402,7 @@ def _wait_all(
                 if time.monotonic() >= rejoins.next_try.get(i, 0.0):
                     rejoins.next_try[i] = time.monotonic() + REJOIN_RETRY_S
                     if host_answers(nodes[i]):
-                        procs[i] = rejoin_node(nodes[i], log_dir, echo, copiers)
+                        procs[i] = rejoin_node(nodes[i], log_dir, echo, copiers, exits)
                         rejoins.used[i] += 1
                         rejoins.lost_at.pop(i)
                 continue

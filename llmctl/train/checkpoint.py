@@ -28,14 +28,12 @@ resumes from that checkpoint.
 from __future__ import annotations
 
 import base64
-import contextlib
 import functools
 import json
 import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +41,18 @@ from typing import Any
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.train import ckpt_store as store
+from llmctl.train.ckpt_signals import (
+    PREEMPT_SIGNALS,
+    block_preempt_signals,
+    die_with_parent,
+    preempt_exit_code,
+    start_resource_tracker,
+)
+from llmctl.train.ckpt_signals import preempt_signals_deferred as _preempt_signals_deferred
 
 log = logging.getLogger("llmctl.train.checkpoint")
 
 EXIT_SAVE_FAILED = 3
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # Model fields that must match between a checkpoint and the run that loads it.
 _ARCH_FIELDS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -63,11 +68,6 @@ class TrainingStopped(SystemExit):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(code)
         self.message = message
-
-
-def preempt_exit_code(signum: int) -> int:
-    """Exit code after a preemption checkpoint: 128 + signal, as if killed by the signal."""
-    return 128 + int(signum)
 
 
 @dataclass
@@ -211,22 +211,6 @@ def check_compatible(saved: dict[str, Any], cfg: Any, layout: Any) -> list[str]:
     return [d for d in _LAYOUT_DIMS if d in old and old[d] != getattr(layout, d)]
 
 
-@contextlib.contextmanager
-def _preempt_signals_deferred() -> Iterator[None]:
-    """Block SIGTERM/SIGUSR1 here; they are delivered when the block ends, not lost.
-
-    Why: SLURM signals every process of a job step. megatron's checkpoint writer starts helper
-    processes (a `spawn` multiprocessing Manager, cached for the whole run, and forked
-    writers); started while the signals are blocked, they inherit the block and survive a
-    preemption notice, so the checkpoint that the notice asks for can still be written.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPT_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def sharded_state_dict(state: Any, *, is_loading: bool) -> dict[str, Any]:
     """megatron's sharded state dict of the model chunks (unwrapped from DDP) and optimizer."""
     chunks = [_unwrap(m) for m in state.model]
@@ -303,8 +287,9 @@ def _wrapped_async_fn(
     trainer_pid = os.getpid()
 
     def run(*args: Any, **kwargs: Any) -> None:
-        if os.getpid() != trainer_pid:  # a forked writer finishes its write; SIGKILL still ends it
-            signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPT_SIGNALS)
+        if os.getpid() != trainer_pid:  # a forked writer finishes its write, unless the rank dies
+            block_preempt_signals()
+            die_with_parent(signal.SIGKILL, trainer_pid)
         if fn is not None:
             fn(*args, **kwargs)
         _write_rank_files(ckpt_dir, rank, rng, train_state)
@@ -340,6 +325,7 @@ class DistCheckpointer:
         self.loaded_step: int | None = None
         self._old_handlers: dict[int, Any] = {}
         if self.enabled:
+            start_resource_tracker()  # before any save: see ckpt_signals
             self._install_handlers()
 
     @property
@@ -501,17 +487,30 @@ class DistCheckpointer:
             self._stop_failed()
 
     def close(self, state: Any) -> None:
-        """Final save (if this step is not saved yet) and wait for every write."""
+        """Final save (if this step is not saved yet) and wait for every write.
+
+        Raises:
+            TrainingStopped: Exit code 3 when the final save failed (even after retries).
+        """
         if not self.enabled:
             return
         self.wait()
-        if self.last_saved != state.step:
+        for _ in range(1 + self.policy.save_retries):
+            if self.last_saved == state.step:
+                break
             self.save(state, use_async=False)
         self.wait()
         if self.queue is not None:
             self.queue.close()
             self.queue = None
         self._restore_handlers()
+        if self.last_saved != state.step:  # the run's last steps are in no checkpoint
+            msg = (
+                f"the final checkpoint (step {state.step}) failed; the newest complete "
+                f"checkpoint is step {self.last_saved}: fix the storage and resume"
+            )
+            log.error(msg)
+            raise TrainingStopped(EXIT_SAVE_FAILED, msg)
 
     # ----- saving -----
     def wait(self) -> None:
