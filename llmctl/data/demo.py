@@ -52,7 +52,8 @@ def prepare_demo_data(
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.jsonl"
     build_demo_corpus(corpus, max_docs=max_docs)
-    dd_cfg = DedupConfig(inputs=[str(corpus)], output_dir=str(work / "dedup"))
+    # force: the work folder is the demo's own; a changed parameter rebuilds its outputs
+    dd_cfg = DedupConfig(inputs=[str(corpus)], output_dir=str(work / "dedup"), force=True)
     dd_cfg.num_workers = num_workers
     dedup(dd_cfg)
     deduped = work / "dedup" / "corpus.jsonl"
@@ -65,6 +66,7 @@ def prepare_demo_data(
         num_workers=num_workers,
         chunk_bytes=2 << 20,
         dedup=dd_cfg.params(),
+        force=True,
     )
     preprocess(pre_cfg)
     write_json_atomic(work / "demo.json", {**stamp(), "params": params, "prefix": prefix})
