@@ -450,7 +450,8 @@ def _quantize_into(
         if plan.request.dtype != "fp32":  # 16-bit scales: reload rather than cast (config dtype)
             del model
             model = load_model(model_dir, plan.request.dtype)
-        dataset = calibration_dataset(plan.split) if spec.needs_calibration else None
+        split = plan.split if spec.needs_calibration else None
+        dataset = calibration_dataset(split) if split is not None else None
         num_layers = len(getattr(getattr(model, "model", None), "layers", None) or [])
         with progress.phase(f"{spec.algorithm.value} by layer", num_layers or None) as p:
             hooks = _layer_progress(model, p) if spec.needs_calibration else []

@@ -19,14 +19,17 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmctl.config.values import enum_value as _v
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import ClusterConfig, ModelConfig, RootConfig
 
 WANDB_ID_FILE = "wandb_run_id"
 
 
-def flops_per_token(model: Any) -> float:
+def flops_per_token(model: ModelConfig) -> float:
     """Training FLOPs per token (PaLM/Megatron convention, see module docstring)."""
     h, f, v = model.hidden_size, model.ffn_hidden_size, model.vocab_size
     head_dim = model.kv_channels or h // model.num_attention_heads
@@ -41,7 +44,7 @@ def flops_per_token(model: Any) -> float:
     return float(6.0 * n_matmul + attention)
 
 
-def peak_tflops_for(cluster: Any, dtype: str) -> float | None:
+def peak_tflops_for(cluster: ClusterConfig, dtype: str) -> float | None:
     """Dense peak TFLOP/s of one device for a compute dtype (fp8 falls back to bf16)."""
     peaks = dict(cluster.peak_tflops or {})
     for key in (dtype, "bf16" if dtype == "fp8" else dtype, "tf32" if dtype == "fp32" else dtype):
@@ -162,7 +165,7 @@ def steady_state_step_s(step_times_s: list[float]) -> float:
     return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
 
 
-def wandb_state(cfg: Any) -> str | None:
+def wandb_state(cfg: RootConfig) -> str | None:
     """Why W&B tracking is off (one sentence), or None when it will run."""
     if os.environ.get("LLMCTL_WANDB", "auto") == "off":
         return "W&B tracking off (LLMCTL_WANDB=off); metrics in metrics.jsonl only"
@@ -194,7 +197,7 @@ def wandb_run_id(run_dir: Path) -> str:
     return run_id
 
 
-def start_wandb(cfg: Any, run_dir: Path, log: logging.Logger) -> Any:
+def start_wandb(cfg: RootConfig, run_dir: Path, log: logging.Logger) -> Any:
     """Start (or continue, after a resume) the W&B run of `run_dir`; None when off, said in
     one log line either way."""
     off = wandb_state(cfg)
