@@ -3,16 +3,25 @@
 Runs under torchrun (any number of ranks) or as one plain process. Reads RUN_DIR/config.yaml
 and RUN_DIR/plan.json, trains, writes RUN_DIR/metrics.jsonl, RUN_DIR/logs/rank<N>.log and
 RUN_DIR/perf.json, and exits 0 (2 on a user error; a checkpointer that stops the run, e.g. on
-preemption, exits with its own code). The `__main__` guard matters: checkpoint writers start a
-`spawn` multiprocessing Manager, which re-imports this module.
+preemption, exits with its own code). A rank that exits non-zero says so in one line,
+`llmctl: rank R exits C: why`: torchrun itself exits 1 whatever its workers' codes, so the
+launcher reads the rank's code from that line (`llmctl.launch.common.EXIT_LINE_RE`).
+
+The `__main__` guard matters: checkpoint writers start a `spawn` multiprocessing Manager, which
+re-imports this module as `__mp_main__`; that Manager is made to die with its rank. A rank under
+torchrun gets SIGTERM when torchrun dies (a checkpoint, then exit), so no rank outlives its
+launcher.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
+
+EXIT_LINE = "llmctl: rank {rank} exits {code}: {message}"
 
 
 def _setup_logging(run_dir: Path, rank: int) -> None:
@@ -40,8 +49,26 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m llmctl.train.entry RUN_DIR", file=sys.stderr)
         return 2
     run_dir = Path(args[0])
-    _setup_logging(run_dir, int(os.environ.get("RANK", "0")))
+    rank = int(os.environ.get("RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: end with it
+        from llmctl.train.ckpt_signals import die_with_parent
 
+        die_with_parent(signal.SIGTERM, os.getppid())
+    from llmctl.errors import UserError
+    from llmctl.launch.lock import hold_for_rank
+
+    try:
+        locks = hold_for_rank(run_dir, rank)
+    except UserError as e:  # before anything is written into a run dir another trainer owns
+        return _exit_line(rank, 2, e.message)
+    _setup_logging(run_dir, rank)
+    try:
+        return _run(run_dir, rank)
+    finally:
+        del locks
+
+
+def _run(run_dir: Path, rank: int) -> int:
     from llmctl.config import load_resolved
     from llmctl.errors import UserError
     from llmctl.train import parallel
@@ -57,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         train(cfg, run_dir, plan=plan, checkpointer=make_checkpointer(cfg, run_dir, plan))
     except UserError as e:
         logging.getLogger("llmctl.train").error("Error: %s", e.message)
-        return 2
+        return _exit_line(rank, 2, e.message)
+    except SystemExit as e:  # TrainingStopped: preemption, failed saves
+        code = e.code if isinstance(e.code, int) else 1
+        return _exit_line(rank, code, getattr(e, "message", "")) if code else 0
     finally:
         import torch.distributed as dist
 
@@ -65,6 +95,18 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
     return 0
 
+
+def _exit_line(rank: int, code: int, message: str) -> int:
+    """Tell the launcher (through torchrun's output) this rank's exit code; returns it."""
+    line = EXIT_LINE.format(rank=rank, code=code, message=" ".join(message.split()))
+    print(line, file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__mp_main__":  # megatron's checkpoint Manager: never outlive the rank
+    from llmctl.train.ckpt_signals import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
 
 if __name__ == "__main__":
     sys.exit(main())
