@@ -3,7 +3,8 @@
 One per supported family, each with a real tokenizer (a word-level BPE trained here on a few
 sentences) so that the directory is what a user would download: config.json, safetensors,
 tokenizer.json, tokenizer_config.json. Norm weights and biases are randomised too, so a wrong
-mapping of any tensor shows in the logits.
+mapping of any tensor shows in the logits, and Q/K are scaled up so attention is sharp enough
+for positions (RoPE and its Llama 3.1 scaling) to move the logits well past the tolerance.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def family_specs() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
     }  # fmt: skip
+    v256 = {"vocab_size": 256}
     return {
         "llama": (T.LlamaConfig, T.LlamaForCausalLM, {"vocab_size": 300}),  # padded to 384
-        "llama31": (T.LlamaConfig, T.LlamaForCausalLM, {"vocab_size": 256, "rope_parameters": llama31_rope}),
-        "mistral": (T.MistralConfig, T.MistralForCausalLM, {"vocab_size": 256, "sliding_window": None}),
-        "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, {"vocab_size": 256, "tie_word_embeddings": True}),
+        "llama31": (T.LlamaConfig, T.LlamaForCausalLM, v256 | {"rope_parameters": llama31_rope}),
+        "mistral": (T.MistralConfig, T.MistralForCausalLM, v256 | {"sliding_window": None}),
+        "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, v256 | {"tie_word_embeddings": True}),
         "mixtral": (T.MixtralConfig, T.MixtralForCausalLM,
                     {"vocab_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2}),
     }  # fmt: skip
@@ -54,7 +56,9 @@ def save_tokenizer(out: Path, vocab_size: int = 200) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     special = ["<unk>", "<s>", "</s>"]
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special))
+    tok.train_from_iterator(
+        TEXT, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special)
+    )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
@@ -75,6 +79,8 @@ def make_model(name: str, out: Path, seed: int = 0) -> Path:
                 p.normal_(1.0, 0.1)
             elif pname.endswith("bias"):
                 p.normal_(0.0, 0.1)
+            if pname.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8.0)  # sharp attention: positions (RoPE, its scaling) change logits
     model.save_pretrained(str(out))
     save_tokenizer(out)
     return out

@@ -1,0 +1,82 @@
+"""Under torchrun: logits of an imported checkpoint loaded at TP x PP (weights-only load path).
+
+Usage: torchrun --nproc-per-node=N hf_layout_logits.py IMPORT_DIR IDS.npy OUT.npy TP PP
+
+Every rank builds its GPTModel shard with llmctl's builder, loads the imported checkpoint with
+`llmctl.hf.init.load_model_weights` (what `checkpoint.init_from` uses), runs megatron's
+forward-only pipeline schedule and, on the last stage, gathers the vocab-parallel logits over
+TP; the last stage's TP rank 0 saves them for the test to compare with transformers.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+
+def _forward_step(data: Any, model: Any, ids: Any) -> tuple[Any, Any]:
+    import torch
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    next(data)
+    pos = torch.arange(ids.shape[1]).expand_as(ids)
+    output = model(ids, pos, None)
+
+    def collect(out: Any, non_loss_data: bool = False) -> Any:
+        assert non_loss_data
+        return gather_from_tensor_model_parallel_region(out).detach()
+
+    return output, collect
+
+
+def main(out_dir: Path, ids_path: Path, result: Path, tp: int, pp: int) -> None:
+    import numpy as np
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from llmctl.config import load_resolved
+    from llmctl.hf.init import checkpoint_dir, load_model_weights
+    from llmctl.train import model as M
+    from llmctl.train import parallel
+    from llmctl.train.layout import TrainLayout
+    from llmctl.train.precision import recipe_for
+
+    parallel.init_distributed()
+    layout = TrainLayout(
+        tp=tp, pp=pp, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
+        sequence_parallel=False, recompute="none", optimizer_sharding="none",
+    )  # fmt: skip
+    parallel.init_model_parallel(layout, 1, False)
+    cfg = load_resolved(out_dir / "config.yaml")
+    ids = torch.from_numpy(np.load(ids_path))
+    cfg.model.seq_length = int(ids.shape[1])
+    tc = M.transformer_config(
+        cfg.model, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=False
+    )
+    chunks = M.build_model_chunks(cfg.model, tc, layout, use_te=False, seed=7)
+    load_model_weights(chunks, checkpoint_dir(out_dir))
+    for c in chunks:
+        c.eval()
+    with torch.no_grad():
+        store = get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, ids=ids),
+            data_iterator=iter([None]),
+            model=chunks[0],
+            num_microbatches=1,
+            seq_length=int(ids.shape[1]),
+            micro_batch_size=int(ids.shape[0]),
+            forward_only=True,
+            collect_non_loss_data=True,
+        )
+    last = ps.is_pipeline_last_stage()
+    if last and ps.get_tensor_model_parallel_rank() == 0:
+        np.save(result, store[0].float().numpy())
+    parallel.teardown(destroy_process_group=True)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(Path(a[0]), Path(a[1]), Path(a[2]), int(a[3]), int(a[4]))

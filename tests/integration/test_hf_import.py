@@ -1,0 +1,219 @@
+"""`llmctl import hf` and `llmctl export hf` against transformers (the oracle), per family.
+
+For each supported family a small model is made here with transformers (random weights,
+`save_pretrained`), plus one trained for real (a few AdamW steps of transformers' own training
+on a tiny corpus, so weights are not the initialiser's distribution). Each is imported and:
+
+- megatron-core's GPTModel (fp32, CPU, TP=1) loaded from the import gives transformers' logits
+  within 1e-4 (measured: <= 4e-7); padded vocab columns are exactly 0;
+- `llmctl export hf` of the import reproduces every tensor of the source bit for bit (same
+  names, dtypes, values) and the same architecture in config.json.
+
+The TP=2 x PP=2 check runs under torchrun in test_hf_layouts.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hf_support import (
+    TEXT,
+    family_specs,
+    hf_logits,
+    load_safetensors_dir,
+    make_model,
+    megatron_logits,
+)
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+
+FAMILIES = list(family_specs())
+ARCH = {
+    "llama": "LlamaForCausalLM",
+    "llama31": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+
+
+def _train_hf(model_dir: Path, steps: int = 15) -> None:
+    """A few real AdamW steps of transformers' model on TEXT, saved over the random weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    ids = torch.tensor([tok(" ".join(TEXT[:5]))["input_ids"][:64]])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = last = None
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first, last = first or float(loss), float(loss)
+    assert last is not None and first is not None and last < first  # it did train
+    model.save_pretrained(str(model_dir))
+
+
+def _import(src: Path, out: Path) -> dict[str, Any]:
+    res = CliRunner().invoke(app, ["import", "hf", str(src), "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout[res.stdout.index("{") :])
+
+
+def _family_param(family: str, trained: bool) -> Any:
+    marks = [pytest.mark.slow] if trained else []  # the random ones run in the quick suite
+    return pytest.param(
+        (family, trained), marks=marks, id=f"{family}-{'trained' if trained else 'random'}"
+    )
+
+
+@pytest.fixture(
+    scope="module", params=[_family_param(f, t) for f in FAMILIES for t in (False, True)]
+)
+def imported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    family, trained = request.param
+    root = tmp_path_factory.mktemp(f"{family}-{trained}")
+    src = make_model(family, root / "hf")
+    if trained:
+        _train_hf(src)
+    return family, src, root / "mc", _import(src, root / "mc")
+
+
+def test_logits_match_transformers(imported: Any) -> None:
+    import torch
+
+    family, src, out, info = imported
+    assert info["architecture"] == ARCH[family]
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    ids = torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(0))
+    ours, theirs = megatron_logits(out, ids), hf_logits(src, ids)
+    assert ours.shape[-1] % 128 == 0 and ours.shape[-1] >= vocab
+    diff = float((ours[..., :vocab] - theirs).abs().max())
+    assert diff < 1e-4, f"{family}: max |logit difference| {diff}"
+    assert float(ours[..., vocab:].abs().sum()) == 0.0  # zero padding rows (if any)
+
+
+def test_export_round_trip_is_bit_exact(imported: Any, tmp_path: Path) -> None:
+    import torch
+
+    from llmctl.quant.export import export_run
+
+    family, src, out, _ = imported
+    result = export_run(out, tmp_path / "hf")
+    assert result.architecture == ARCH[family]
+    before, after = load_safetensors_dir(src), load_safetensors_dir(tmp_path / "hf")
+    assert sorted(before) == sorted(after)
+    for name, tensor in before.items():
+        assert after[name].dtype == tensor.dtype, name
+        assert torch.equal(after[name], tensor), name
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    source = json.loads((src / "config.json").read_text())
+    assert config["architectures"] == [ARCH[family]]
+    for key in ("vocab_size", "hidden_size", "num_key_value_heads", "tie_word_embeddings"):
+        assert config[key] == source[key], key
+
+
+def test_llama31_rope_scaling_is_used(tmp_path: Path) -> None:
+    """The Llama 3.1 model's logits depend on the scaling (so the match above is not vacuous)."""
+    import torch
+
+    src = make_model("llama31", tmp_path / "hf")
+    _import(src, tmp_path / "mc")
+    ids = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(1))
+    cfg_path = tmp_path / "mc" / "config.yaml"
+    text = cfg_path.read_text()
+    assert "rope_scaling_factor: 8.0" in text
+    cfg_path.write_text(text.replace("rope_scaling_factor: 8.0", "rope_scaling_factor: null"))
+    unscaled = megatron_logits(tmp_path / "mc", ids)
+    assert float((unscaled - hf_logits(src, ids)).abs().max()) > 1e-3
+
+
+def test_dry_run_shows_mapping_and_writes_nothing(tmp_path: Path) -> None:
+    src = make_model("qwen2", tmp_path / "hf")
+    out = tmp_path / "mc"
+    res = CliRunner().invoke(
+        app, ["import", "hf", str(src), "--out", str(out), "--dry-run", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout[res.stdout.index("{") :])
+    assert data["model"]["add_qkv_bias"] is True and data["model"]["tied_embeddings"] is True
+    rows = {r["megatron"]: r for r in data["mapping"]}
+    assert rows["decoder.layers.0.self_attention.linear_qkv.bias"]["op"] == "qkv"
+    assert not out.exists()
+
+
+def _edit_config(src: Path, **changes: Any) -> None:
+    config = json.loads((src / "config.json").read_text())
+    config.update(changes)
+    (src / "config.json").write_text(json.dumps(config))
+
+
+BAD = {
+    "no_config": (lambda d: (d / "config.json").unlink(), "no config.json"),
+    "no_weights": (lambda d: (d / "model.safetensors").unlink(), "no *.safetensors"),
+    "gemma": (lambda d: _edit_config(d, architectures=["GemmaForCausalLM"]),
+              "architectures=GemmaForCausalLM is not supported"),
+    "yarn": (lambda d: _edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                        "rope_theta": 10000.0}),
+             "rope_scaling.rope_type=yarn"),
+    "gelu": (lambda d: _edit_config(d, hidden_act="gelu"), "hidden_act=gelu"),
+    "vocab": (lambda d: _edit_config(d, vocab_size=200), "embed_tokens.weight has 256 rows"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", [*BAD, "tp3"])
+def test_bad_input_is_one_line_rc2_nothing_written(case: str, tmp_path: Path) -> None:
+    src = make_model("mistral", tmp_path / "hf")
+    args = ["--tp", "3"] if case == "tp3" else []
+    if case != "tp3":
+        BAD[case][0](src)
+    out = tmp_path / "mc"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmctl", "import", "hf", str(src), "--out", str(out), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (BAD[case][1] if case != "tp3" else "does not split over tp=3") in lines[0]
+    assert not out.exists() and not list(tmp_path.glob(".mc*"))
+
+
+def test_refuses_to_replace_what_it_did_not_write(tmp_path: Path) -> None:
+    src = make_model("llama", tmp_path / "hf")
+    out = tmp_path / "mc"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(app, ["import", "hf", str(src), "--out", str(out), "--force"])
+    assert res.exit_code == 2 and "not written by llmctl import" in res.output
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_hf_tokenizer_drives_preprocess(tmp_path: Path) -> None:
+    """The HF directory itself is the --tokenizer of `llmctl data preprocess`; ids agree."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from transformers import AutoTokenizer
+
+    src = make_model("llama", tmp_path / "hf")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT[:5]))
+    prefix = tmp_path / "tok" / "docs"
+    res = CliRunner().invoke(
+        app, ["data", "preprocess", str(docs), "--tokenizer", str(src), "--out", str(prefix)]
+    )
+    assert res.exit_code == 0, res.output
+    ds = IndexedDataset(str(prefix))
+    tok = AutoTokenizer.from_pretrained(str(src))
+    for i, text in enumerate(TEXT[:5]):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert list(np.asarray(ds[i])[: len(ids)]) == ids
