@@ -114,7 +114,8 @@ def end_to_end(planted, work: Path) -> dict:
         "".join(json.dumps({"text": t, "i": i}) + "\n" for i, t in enumerate(planted.texts))
     )
     t = time.perf_counter()
-    report = dedup(DedupConfig(inputs=[str(path)], output_dir=str(work / "out"), num_workers=1))
+    report = dedup(DedupConfig(inputs=[str(path)], output_dir=str(work / "out"), num_workers=1,
+                               force=True))  # fmt: skip
     wall = time.perf_counter() - t
     lines = (work / "out" / "planted.jsonl").read_text().splitlines()
     kept = {json.loads(line)["i"] for line in lines}
