@@ -109,7 +109,7 @@ class _Reader:
         raw = torch.empty(end - start, dtype=torch.uint8)
         with open(self.src / fname, "rb") as f:
             f.seek(base + start)
-            if f.readinto(raw.numpy()) != end - start:
+            if f.readinto(raw.numpy().data) != end - start:
                 raise UserError(f"{self.src / fname}: tensor {name} is truncated")
         dtype = getattr(torch, _ST_DTYPES[entry["dtype"]])
         return raw.view(dtype).reshape(entry["shape"])
