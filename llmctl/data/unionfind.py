@@ -1,10 +1,11 @@
-"""Connected components over document-id edges, vectorised.
+"""Connected components over document-id edges: scipy's C implementation.
 
-Why not a Python union-find: duplicate edges come by the million from LSH buckets. Min-label
-propagation over the edge arrays (each node repeatedly takes the smallest label among its
-neighbours, with pointer jumping) converges in O(log n) numpy rounds for the shallow, star-like
-graphs LSH produces, and gives every component its smallest document id as label, which is
-exactly the document dedup keeps.
+Duplicate edges come by the million from LSH buckets. scipy's `connected_components` (a
+compiled depth-first search over a CSR graph) labels them in one pass; each component's label is
+then replaced by its smallest document id, which is exactly the document dedup keeps. The
+earlier numpy min-label propagation needed O(log n) rounds of `np.minimum.at` and measured 19x
+slower than scipy on random edges (issue 12, finding 7); scipy is imported only when there are
+edges, so start-up stays light.
 """
 
 from __future__ import annotations
@@ -14,21 +15,17 @@ import numpy as np
 
 def components(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Label of every node: the smallest node id in its connected component."""
-    labels = np.arange(num_nodes, dtype=np.int64)
     if not len(src):
-        return labels
+        return np.arange(num_nodes, dtype=np.int64)
+    from scipy.sparse import coo_array
+    from scipy.sparse.csgraph import connected_components
+
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
-    while True:
-        lo = np.minimum(labels[src], labels[dst])
-        new = labels.copy()
-        np.minimum.at(new, src, lo)
-        np.minimum.at(new, dst, lo)
-        new = new[new]  # pointer jumping
-        while True:
-            jumped = new[new]
-            if np.array_equal(jumped, new):
-                break
-            new = jumped
-        if np.array_equal(new, labels):
-            return labels
-        labels = new
+    graph = coo_array(
+        (np.ones(len(src), dtype=np.int8), (src, dst)), shape=(num_nodes, num_nodes)
+    ).tocsr()
+    num, comp = connected_components(graph, directed=True, connection="weak")
+    smallest = np.full(num, num_nodes, dtype=np.int64)
+    np.minimum.at(smallest, comp, np.arange(num_nodes, dtype=np.int64))
+    labels: np.ndarray = smallest[comp]
+    return labels
