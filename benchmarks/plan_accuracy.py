@@ -1,119 +1,123 @@
-"""Planner accuracy against published measurements, side by side with llm-analysis 0.2.2.
+"""Planner accuracy against published measured runs, and where the published layouts rank.
 
-Usage: LLM_ANALYSIS_PYTHON=/path/to/venv/bin/python python benchmarks/plan_accuracy.py
-Rows: Megatron-Bridge DGX-H100 FP8 table (tokens/s/GPU of the published layout) and
-Korthikanti et al. 2022 Table 5 (iteration time of the published layout on A100-80GB), from
-tests/fixtures/plan/. llm-analysis ships configs only for the 175B and 530B GPTs among these,
-so it is compared there (A100-SXM-80GB, flops_efficiency = our A100 achievable fraction).
+Usage: python benchmarks/plan_accuracy.py [--json]
+Rows: tests/fixtures/plan/published_runs.json (Korthikanti et al. 2022 Table 5 on A100 BF16;
+NeMo 24.07 and Megatron-Bridge performance tables on H100 FP8), each with its source line.
+Prints the predicted and measured step time of every row (fit rows marked), the mean and
+worst |error| of the fit and held-out rows, and the rank of each recipe's published layout
+among the fitting layouts of a full search. docs/planner.md quotes this output.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from dataclasses import replace
+import sys
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from llmctl.config import compose
-from llmctl.config.planning import plan_input
-from llmctl.plan import AttentionKernel, Layout, Recompute, Sharding, evaluate
+from llmctl.config.planning import cluster_spec, plan_config
+from llmctl.plan import ClusterSpec, evaluate
+from llmctl.plan.reference import measured_step_s, row_input, row_layout
 
-FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan"
-COMPETITOR = """
-import json, sys
-from llm_analysis.analysis import train
-a = json.loads(sys.argv[1])
-out = train(model_name=a["name"], gpu_name="a100-sxm-80gb", dtype_name="w16a16e16",
-            log_level="ERROR", batch_size_per_gpu=a["mbs"], global_batch_size=a["gbs"],
-            seq_len=2048, tp_size=a["tp"], pp_size=a["pp"], sp_size=a["tp"], dp_size=1,
-            activation_recomputation=1, flash_attn=False, total_num_gpus=a["gpus"],
-            flops_efficiency=a["eff"])
-print(json.dumps({"step_s": out["latency_per_iter"],
-                  "mem_gib": out["(weight+op_state+grad+act)_memory_per_gpu"] / 2**30}))
-"""
-LLMA_NAMES = {"gpt3_175b": "megatron-lm-175b", "megatron_530b": "megatron-lm-530b"}
+FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan" / "published_runs.json"
+RECIPES = [
+    "llama3_8b_pretrain_8gpu_h100_fp8",
+    "llama3_70b_pretrain_64gpu_h100_fp8",
+    "llama31_405b_pretrain_1024gpu_h100_fp8",
+    "megatron_22b_pretrain_8gpu_a100_bf16",
+    "gpt3_175b_pretrain_64gpu_a100_bf16",
+    "megatron_530b_pretrain_280gpu_a100_bf16",
+    "megatron_1t_pretrain_512gpu_a100_bf16",
+]
 
 
-def bridge_rows() -> list[str]:
+@cache
+def _cluster(name: str) -> ClusterSpec:
+    return cluster_spec(compose("megatron_22b_pretrain_8gpu_a100_bf16", [f"cluster={name}"]))
+
+
+def rows() -> list[dict[str, Any]]:
+    """Every published row with its predicted and measured step time."""
+    data = json.loads(FIX.read_text())
     out = []
-    for row in json.loads((FIX / "megatron_bridge_h100_fp8.json").read_text())["rows"]:
-        base = plan_input(compose(row["recipe"], []))
-        inp = replace(base, run=replace(base.run, global_batch_size=row["gbs"], grad_dtype="bf16"))
-        dp = row["num_gpus"] // (row["tp"] * row["pp"] * row["cp"])
-        lay = Layout(
-            tp=row["tp"],
-            pp=row["pp"],
-            vpp=row["vpp"],
-            cp=row["cp"],
-            dp=dp,
-            micro_batch_size=row["mbs"],
-            sequence_parallel=row["tp"] > 1,
-            sharding=Sharding.full if row["fsdp"] else Sharding.distributed,
-        )
-        ev = evaluate(inp, lay)
-        pred, pub = ev.rates.tokens_per_s_per_gpu, row["tokens_per_s_per_gpu"]
+    for row in data["rows"]:
+        inp = row_input(row, data["models"], _cluster(row["cluster"]))
+        ev = evaluate(inp, row_layout(row))
+        measured = measured_step_s(row, inp.model)
         out.append(
-            f"| {row['model']} {row['release']} | {lay.short()} | {pub} | {pred:.0f} | "
-            f"{pred / pub - 1:+.1%} | {ev.memory.total_gib:.1f} |"
+            {
+                "id": row["id"],
+                "fit": row["fit"],
+                "layout": ev.layout.short(),
+                "measured_s": measured,
+                "predicted_s": ev.rates.step_s,
+                "error": ev.rates.step_s / measured - 1.0,
+                "peak_gib": ev.memory.total_gib,
+                "fits": ev.fits,
+            }
         )
     return out
 
 
-def korthikanti_rows() -> list[str]:
-    python = os.environ.get("LLM_ANALYSIS_PYTHON")
+def summary(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean and worst |error| of fit rows, held-out rows and all rows."""
+    out = {}
+    for label, keep in (("fit", True), ("held_out", False), ("all", None)):
+        errs = [abs(r["error"]) for r in table if keep is None or r["fit"] == keep]
+        out[label] = {"rows": len(errs), "mean_abs": sum(errs) / len(errs), "max_abs": max(errs)}
+    return out
+
+
+def ranks() -> list[dict[str, Any]]:
+    """Rank of each recipe's published layout among its fitting layouts."""
     out = []
-    for m in json.loads((FIX / "korthikanti_2022.json").read_text())["models"]:
-        base = plan_input(compose(m["recipe"], []))
-        inp = replace(base, run=replace(base.run, attention=AttentionKernel.unfused))
-        lay = Layout(
-            tp=m["tp"],
-            pp=m["pp"],
-            micro_batch_size=m["mbs"],
-            sequence_parallel=True,
-            recompute=Recompute.selective,
-            sharding=Sharding.none,
-        )
-        ev = evaluate(inp, lay)
-        pub = m["iteration_s_present_work"]
-        theirs = "n/a (no model config)"
-        if python and m["name"] in LLMA_NAMES:
-            args = dict(
-                name=LLMA_NAMES[m["name"]],
-                mbs=m["mbs"],
-                gbs=m["gbs"],
-                tp=m["tp"],
-                pp=m["pp"],
-                gpus=m["num_gpus"],
-                eff=inp.cluster.achievable_fraction["bf16"],
-            )
-            res = subprocess.run(
-                [python, "-c", COMPETITOR, json.dumps(args)],
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            t = json.loads(res.stdout.strip().splitlines()[-1])
-            theirs = f"{t['step_s']:.2f} s ({t['step_s'] / pub - 1:+.1%}), {t['mem_gib']:.1f} GiB"
+    for recipe in RECIPES:
+        res = plan_config(compose(recipe, []))
+        ref, best = res.reference, res.best
+        assert ref is not None and best is not None
         out.append(
-            f"| {m['name']} | TP{m['tp']} PP{m['pp']} MBS{m['mbs']} | {pub} | "
-            f"{ev.rates.step_s:.2f} ({ev.rates.step_s / pub - 1:+.1%}) | "
-            f"{ev.memory.total_gib:.1f} | {theirs} |"
+            {
+                "recipe": recipe,
+                "published": ref.layout.short(),
+                "rank": res.reference_rank,
+                "fitting": sum(1 for p in res.points if p[2]),
+                "top_pick": best.layout.short(),
+                "top_pick_margin": 1.0 - best.rates.step_s / ref.rates.step_s,
+            }
         )
     return out
 
 
 def main() -> None:
-    print("| Bridge row | layout | published tok/s/GPU | predicted | error | peak GiB |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(bridge_rows()))
+    table, rank_rows = rows(), ranks()
+    stats = summary(table)
+    if "--json" in sys.argv:
+        print(json.dumps({"rows": table, "summary": stats, "ranks": rank_rows}, indent=1))
+        return
+    print("| published run | fit? | layout | measured s | predicted s | error | peak GiB |")
+    print("|---|---|---|---|---|---|---|")
+    for r in table:
+        print(
+            f"| {r['id']} | {'fit' if r['fit'] else 'held out'} | {r['layout']} | "
+            f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
+            f"{r['peak_gib']:.1f}{'' if r['fits'] else ' (over)'} |"
+        )
     print()
-    print(
-        "| Korthikanti model | layout | published s/iter | llmctl s/iter (error) | llmctl GiB |"
-        " llm-analysis 0.2.2 s/iter (error), GiB |"
-    )
-    print("|---|---|---|---|---|---|")
-    print("\n".join(korthikanti_rows()))
+    for label, s in stats.items():
+        print(
+            f"{label}: {s['rows']:.0f} rows, mean |error| {s['mean_abs']:.1%}, "
+            f"worst {s['max_abs']:.1%}"
+        )
+    print()
+    print("| recipe | published layout | rank (of fitting) | top pick | top pick faster by |")
+    print("|---|---|---|---|---|")
+    for r in rank_rows:
+        print(
+            f"| {r['recipe']} | {r['published']} | {r['rank']} of {r['fitting']} | "
+            f"{r['top_pick']} | {r['top_pick_margin']:.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,20 @@ PlotOpt = Annotated[
 ]
 CalibrateOpt = Annotated[
     list[str] | None,
-    typer.Option("--calibrate", help="Run dir with perf.json to calibrate from (repeatable)."),
+    typer.Option(
+        "--calibrate",
+        help="Finished run dir (perf.json + config.yaml) to fit the cluster's step-time knobs "
+        "to (repeatable); the calibrated cluster is written to --out.",
+    ),
+]
+OutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="With --calibrate: where to write the calibrated cluster YAML "
+        "(default calibrated-<cluster>.yaml); use it later with --cluster-file.",
+    ),
 ]
 COLORS = {
     "weights": "blue",
@@ -51,6 +64,7 @@ def plan(
     explain: ExplainOpt = False,
     plot: PlotOpt = None,
     calibrate: CalibrateOpt = None,
+    out: OutOpt = None,
     cluster_file: ClusterFileOpt = None,
     *,
     layout: LayoutFlags,
@@ -60,20 +74,29 @@ def plan(
     Example: llmctl plan recipe=llama3_70b_pretrain_64gpu_h100_fp8 --tp 4 --pp 8 --explain
     """
     from llmctl.config.planning import plan_config
-    from llmctl.plan.report import result_dict
 
     cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
-    result = plan_config(cfg, calibrate)
-    if plot:
-        _plot(result, plot)
+    save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
+    result = plan_config(cfg, calibrate, save_to)
     if as_json:
+        from llmctl.plan.report import result_dict
+
         typer.echo(json.dumps(result_dict(result), indent=2))
-        return
-    console = Console(width=max(Console().width, 150))
-    _render(console, result)
-    chosen = result.best or result.closest
-    if explain and chosen is not None:
-        _explain(console, result, chosen)
+    else:
+        console = Console(highlight=False)
+        _render(console, result)
+        chosen = result.best or result.closest
+        if explain and chosen is not None:
+            _explain(console, result, chosen)
+    notes = []
+    if save_to:
+        notes.append(f"calibrated cluster written to {save_to} (use --cluster-file {save_to})")
+    if plot:
+        from llmctl.plotting import plot_plan
+
+        notes.append(f"plot written to {plot_plan(result, plot, top_k=cfg.plan.top_k)}")
+    for note in notes:
+        typer.echo(note, err=as_json)
 
 
 def _bar(ev: Evaluation, hbm_gib: float, width: int = 24) -> Text:
@@ -97,27 +120,36 @@ def _render(console: Console, res: PlanResult) -> None:
         f"{sum(1 for p in res.points if p[2])} fit in {res.usable_gib:.1f} GiB"
     )
     shown = res.ranked or ((res.closest,) if res.closest else ())
+    wide = console.width >= 120
+    bars = console.is_terminal and wide
     legend = " ".join(f"[{c}]█[/] {n}" for n, c in COLORS.items())
     table = Table(
         title="Fastest layouts that fit" if res.ranked else "Closest layout (no fit)",
-        caption=f"memory per rank of {inp.cluster.hbm_gib:g} GiB: {legend}",
+        caption=f"memory per rank of {inp.cluster.hbm_gib:g} GiB: {legend}" if bars else None,
     )
-    for col in ("#", "layout", "step s", "tok/s/GPU", "TFLOP/s", "MFU", "peak GiB", "memory"):
+    cols = ["#", "layout", "step s", "tok/s/GPU", "MFU", "peak GiB"]
+    cols += ["TFLOP/s"] if wide else []
+    cols += ["memory"] if bars else []
+    for col in cols:
         table.add_column(
-            col, justify="left" if col in ("layout", "memory") else "right", no_wrap=True
+            col,
+            justify="left" if col in ("layout", "memory") else "right",
+            no_wrap=col != "layout",
+            ratio=1 if col == "layout" else None,
         )
     for i, ev in enumerate(shown, 1):
         r = ev.rates
-        table.add_row(
+        row: list[str | Text] = [
             str(i),
             ev.layout.short(),
             f"{r.step_s:.2f}",
             f"{r.tokens_per_s_per_gpu:,.0f}",
-            f"{r.tflops_per_gpu:.0f}",
             f"{100 * r.mfu:.1f}%",
-            f"{ev.memory.total_gib:.1f} {ev.memory.stage}",
-            _bar(ev, inp.cluster.hbm_gib),
-        )
+            f"{ev.memory.total_gib:.1f}",
+        ]
+        row += [f"{r.tflops_per_gpu:.0f}"] if wide else []
+        row += [_bar(ev, inp.cluster.hbm_gib)] if bars else []
+        table.add_row(*row)
     console.print(table)
     for rej in res.rejections:
         console.print(f"[red]✗[/] {rej.reason} [dim]({rej.count} layouts)[/]")
@@ -128,6 +160,30 @@ def _render(console: Console, res: PlanResult) -> None:
         console.print("[bold red]Nothing fits.[/] What would:")
         for tip in res.suggestions:
             console.print(f"  • {tip}")
+
+
+def _published(console: Console, res: PlanResult) -> None:
+    from llmctl.plan.report import margin
+
+    ref = res.reference
+    if ref is None:
+        return
+    where = f"ranks #{res.reference_rank}" if res.reference_rank else "does not fit"
+    console.print(
+        f"\n[bold]Published layout[/] {ref.layout.short()}: {ref.rates.step_s:.2f} s, "
+        f"{ref.memory.total_gib:.1f} GiB, {where}."
+    )
+    m = margin(res)
+    if m is None:
+        return
+    if m["seconds"] <= 0:
+        console.print("It is the fastest fitting layout the model finds.")
+        return
+    terms = ", ".join(f"{k} {-v:+.3f} s" for k, v in m["terms_s"].items())
+    console.print(
+        f"The top pick is predicted {100 * m['fraction']:.1f}% ({m['seconds']:.2f} s) faster "
+        f"per step; largest differences (top pick minus published): {terms}."
+    )
 
 
 def _explain(console: Console, res: PlanResult, ev: Evaluation) -> None:
@@ -151,35 +207,4 @@ def _explain(console: Console, res: PlanResult, ev: Evaluation) -> None:
     time.add_row("[bold]total[/]", f"[bold]{ev.time.total_s:.3f}[/]", "")
     console.print(mem)
     console.print(time)
-
-
-def _plot(res: PlanResult, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    fit = [p for p in res.points if p[2]]
-    miss = [p for p in res.points if not p[2]]
-    ax.scatter([p[1] for p in miss], [p[0] for p in miss], s=6, c="lightgray", label="does not fit")
-    ax.scatter([p[1] for p in fit], [p[0] for p in fit], s=6, c="tab:blue", label="fits")
-    ax.axvline(res.usable_gib, color="tab:red", ls="--", lw=1, label="usable HBM")
-    if res.best:
-        b = res.best
-        ax.scatter(
-            [b.memory.total_gib],
-            [b.rates.step_s],
-            marker="*",
-            s=180,
-            c="tab:orange",
-            label=f"chosen: {b.layout.short()}",
-        )
-    ax.set_xlabel("peak memory per GPU (GiB)")
-    ax.set_ylabel("step time (s)")
-    ax.set_yscale("log")
-    ax.set_title(f"{res.input.model.name} on {res.input.cluster.world_size} GPUs")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _published(console, res)

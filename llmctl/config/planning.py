@@ -7,8 +7,9 @@ frozen). It also reads the `perf.json` records that `--calibrate RUN_DIR` points
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 from llmctl.config.schema import (
     Activation,
@@ -23,6 +24,7 @@ from llmctl.plan import (
     ClusterSpec,
     Constraints,
     Efficiency,
+    Layout,
     ModelSpec,
     PerfRecord,
     PlanInput,
@@ -32,8 +34,10 @@ from llmctl.plan import (
     SearchSpec,
     Sharding,
     calibrate,
+    evaluate,
     plan,
 )
+from llmctl.plan.calibrate import MeasuredRun, calibrate_time
 
 
 def model_spec(cfg: RootConfig) -> ModelSpec:
@@ -172,13 +176,66 @@ def plan_input(cfg: RootConfig) -> PlanInput:
     )
 
 
-def load_perf_record(run_dir: str | Path) -> PerfRecord:
-    """Read RUN_DIR/perf.json (written by `llmctl train`) into a `PerfRecord`."""
-    path = Path(run_dir) / "perf.json"
+def _perf_json(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "perf.json"
     if not path.is_file():
-        raise UserError(f"no perf.json in {run_dir} (written by `llmctl train`)")
+        raise UserError(f"no perf.json in {run_dir} (written by `llmctl train` at the end)")
     try:
         data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise UserError(
+            f"{path}: line 1: expected JSON written by `llmctl train` ({exc})"
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: line 1: expected a JSON object written by `llmctl train`")
+    return data
+
+
+def _run_layout(data: dict[str, Any], path: Path) -> Layout:
+    try:
+        lay = data["layout"]
+        sharding = lay.get("optimizer_sharding") or "none"
+        return Layout(
+            tp=int(lay["tp"]),
+            pp=int(lay["pp"]),
+            vpp=int(lay.get("vpp") or 1),
+            cp=int(lay.get("cp") or 1),
+            ep=int(lay.get("ep") or 1),
+            dp=int(lay["dp"]),
+            micro_batch_size=int(lay["micro_batch_size"]),
+            sequence_parallel=bool(lay.get("sequence_parallel")),
+            recompute=Recompute(str(lay.get("recompute") or "none")),
+            sharding=Sharding(str(sharding)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}: malformed layout ({exc})") from None
+
+
+def load_measured_run(run_dir: str | Path) -> MeasuredRun:
+    """A finished run as calibration data: RUN_DIR/config.yaml (the planner input) and
+    RUN_DIR/perf.json (the layout that ran and the measured steady-state step time)."""
+    from llmctl.config.compose import load_resolved
+
+    root = Path(run_dir)
+    data = _perf_json(root)
+    path = root / "perf.json"
+    if not (root / "config.yaml").is_file():
+        raise UserError(f"no config.yaml in {run_dir} (not a run directory)")
+    cfg = load_resolved(root / "config.yaml")
+    try:
+        step = float(data["measured_step_s"])
+        return MeasuredRun(input=plan_input(cfg), layout=_run_layout(data, path), step_s=step)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}: malformed perf record ({exc})") from None
+
+
+def load_perf_record(run_dir: str | Path) -> PerfRecord | None:
+    """Predicted and measured memory of RUN_DIR/perf.json (None when not both recorded)."""
+    path = Path(run_dir) / "perf.json"
+    data = _perf_json(Path(run_dir))
+    if data.get("predicted_step_s") is None or data.get("predicted_peak_mem_gib") is None:
+        return None
+    try:
         return PerfRecord(
             cluster=str(data["cluster"]),
             dtype=str(data["dtype"]),
@@ -195,24 +252,105 @@ def load_perf_record(run_dir: str | Path) -> PerfRecord:
         raise UserError(f"{path}: malformed perf record ({exc})") from None
 
 
-def plan_config(cfg: RootConfig, calibrate_dirs: list[str] | None = None) -> PlanResult:
-    """Plan a composed configuration, after calibrating the cluster on measured runs.
+def calibrated_cluster(cluster: ClusterSpec, run_dirs: list[str]) -> ClusterSpec:
+    """`cluster` with its step-time knobs fitted to the measured runs in `run_dirs` and its
+    fragmentation fraction to their measured memory.
 
     Raises:
-        UserError: an impossible explicit layout (the message names the failing product) or
-            an unreadable perf.json.
+        UserError: a run directory without perf.json/config.yaml, or a run on another
+            cluster (its name is in the message).
+    """
+    runs = [load_measured_run(d) for d in run_dirs]
+    for d, run in zip(run_dirs, runs, strict=True):
+        if run.input.cluster.name != cluster.name:
+            raise UserError(
+                f"{d}: ran on cluster {run.input.cluster.name}, not {cluster.name}; calibrate "
+                "with runs of the cluster being planned"
+            )
+    records = [r for r in (load_perf_record(d) for d in run_dirs) if r is not None]
+    return calibrate(calibrate_time(cluster, runs), records)
+
+
+CALIBRATED_HEADER = "# Written by `llmctl plan --calibrate`"
+
+
+def cluster_yaml(cfg: RootConfig, cluster: ClusterSpec, run_dirs: list[str]) -> str:
+    """The cluster description of `cfg` with the calibrated knobs, as YAML."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    body = dict(OmegaConf.to_container(OmegaConf.structured(cfg.cluster), enum_to_str=True))  # type: ignore[arg-type]
+    body["achievable_fraction"] = {k: round(v, 6) for k, v in cluster.achievable_fraction.items()}
+    eff = cluster.efficiency
+    body["efficiency"] = {f.name: round(getattr(eff, f.name), 6) for f in fields(Efficiency)}
+    body["fragmentation_fraction"] = round(cluster.fragmentation_fraction, 6)
+    head = [f"{CALIBRATED_HEADER} from {len(run_dirs)} run(s):"]
+    head += [f"#   {Path(d).resolve()}" for d in run_dirs]
+    head += ["# Plan or train with it: --cluster-file THIS_FILE"]
+    return "\n".join(head) + "\n" + str(yaml.safe_dump(body, sort_keys=False))
+
+
+def save_calibrated(path: str | Path, text: str) -> Path:
+    """Write a calibrated cluster file; refuse to overwrite a file llmctl did not write.
+
+    Raises:
+        UserError: `path` exists and was not written by `llmctl plan --calibrate`.
+    """
+    out = Path(path)
+    if out.exists() and not out.read_text(errors="replace").startswith(CALIBRATED_HEADER):
+        raise UserError(
+            f"{out} exists and was not written by `llmctl plan --calibrate`; pass another --out"
+        )
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    return out
+
+
+def plan_config(
+    cfg: RootConfig, calibrate_dirs: list[str] | None = None, save_to: str | None = None
+) -> PlanResult:
+    """Plan a composed configuration, after calibrating the cluster on measured runs (and
+    writing the calibrated cluster description to `save_to`).
+
+    Raises:
+        UserError: an impossible explicit layout (the message names the failing product),
+            an unreadable run directory, or a cluster without a peak for the compute dtype.
     """
     inp = plan_input(cfg)
     if calibrate_dirs:
-        records = [load_perf_record(d) for d in calibrate_dirs]
-        inp = PlanInput(
-            model=inp.model,
-            cluster=calibrate(inp.cluster, records),
-            run=inp.run,
-            constraints=inp.constraints,
-            search=inp.search,
-        )
+        inp = replace(inp, cluster=calibrated_cluster(inp.cluster, calibrate_dirs))
+        if save_to:
+            save_calibrated(save_to, cluster_yaml(cfg, inp.cluster, calibrate_dirs))
     try:
-        return plan(inp)
+        result = plan(inp)
+        published = cfg.plan.published_layout
+        if published:
+            layout = layout_from_dict(dict(published), "plan.published_layout")
+            result = replace(result, reference=evaluate(inp, layout))
+        return result
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def layout_from_dict(data: dict[str, Any], source: str) -> Layout:
+    """A Layout from a mapping with Layout.as_dict keys (missing keys take defaults).
+
+    Raises:
+        UserError: an unknown key or a bad value, naming `source`.
+    """
+    known = {f.name for f in fields(Layout)} | {"optimizer_sharding"}
+    for key in data:
+        if key not in known:
+            raise UserError(f"{source}.{key}: not a layout field; expected one of {sorted(known)}")
+    values = dict(data)
+    if "optimizer_sharding" in values:
+        values["sharding"] = values.pop("optimizer_sharding")
+    try:
+        if "recompute" in values:
+            values["recompute"] = Recompute(str(values["recompute"]))
+        if "sharding" in values:
+            values["sharding"] = Sharding(str(values["sharding"]))
+        return Layout(**values)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{source}: {exc}") from None

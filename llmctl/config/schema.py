@@ -317,6 +317,12 @@ class PlanConfig:
         "Assume Megatron's pipeline_model_parallel_layout moves layers off the loss stage "
         "(Megatron-Bridge perf recipes do; llmctl train does not yet).",
     )
+    published_layout: dict[str, Any] = doc(
+        factory=dict,
+        text="Layout of the published run a recipe reproduces (tp, pp, vpp, cp, dp, "
+        "micro_batch_size, sequence_parallel, recompute, optimizer_sharding, loss_balanced); "
+        "`plan --explain` compares the top pick with it.",
+    )
 
 
 @dataclass(kw_only=True)

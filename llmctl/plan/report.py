@@ -52,4 +52,22 @@ def result_dict(res: PlanResult) -> dict[str, Any]:
         "closest": evaluation_dict(res.closest) if res.closest else None,
         "rejections": [{"reason": r.reason, "count": r.count} for r in res.rejections],
         "suggestions": list(res.suggestions),
+        "published": evaluation_dict(res.reference) if res.reference else None,
+        "published_rank": res.reference_rank,
+        "margin_over_published": margin(res),
+    }
+
+
+def margin(res: PlanResult) -> dict[str, Any] | None:
+    """How much faster the top pick is predicted to be than the published layout, and the
+    cost terms that differ most (positive: the published layout spends more there)."""
+    ref, best = res.reference, res.best
+    if ref is None or best is None:
+        return None
+    diff = {k: ref.time.terms()[k] - v for k, v in best.time.terms().items()}
+    top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:3]
+    return {
+        "fraction": 1.0 - best.rates.step_s / ref.rates.step_s,
+        "seconds": ref.rates.step_s - best.rates.step_s,
+        "terms_s": {k: v for k, v in top},
     }

@@ -44,12 +44,21 @@ class PlanResult:
 
     input: PlanInput
     ranked: tuple[Evaluation, ...]
-    points: tuple[tuple[float, float, bool], ...]
+    points: tuple[tuple[float, float, bool, int, int], ...]
     rejections: tuple[Rejection, ...]
     num_candidates: int
     usable_gib: float
     closest: Evaluation | None
     suggestions: tuple[str, ...]
+    reference: Evaluation | None = None
+
+    @property
+    def reference_rank(self) -> int | None:
+        """Rank of `reference` among the fitting layouts (None if absent or not fitting)."""
+        ref = self.reference
+        if ref is None or not ref.fits:
+            return None
+        return 1 + sum(1 for p in self.points if p[2] and p[0] < ref.rates.step_s * (1 - 1e-9))
 
     @property
     def best(self) -> Evaluation | None:
@@ -307,7 +316,7 @@ def plan(inp: PlanInput, *, suggest: bool = True) -> PlanResult:
     return PlanResult(
         input=inp,
         ranked=tuple(evaluate(inp, s[2]) for s in fitting[: max(inp.search.top_k, 1)]),
-        points=tuple((step, gib, gib <= limit) for step, gib, _ in scored),
+        points=tuple((step, gib, gib <= limit, lay.tp, lay.pp) for step, gib, lay in scored),
         rejections=tuple(Rejection(reason=r, count=n) for r, n in rejected.items()),
         num_candidates=len(scored),
         usable_gib=limit,
