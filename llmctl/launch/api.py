@@ -37,7 +37,7 @@ class TrainLaunch:
     env: dict[str, str] = field(default_factory=dict)
     nodes: list[Any] = field(default_factory=list)
     sbatch: str = ""
-    resume_point: Any = None  # launch.ckpt_resume.ResumePoint for an existing run directory
+    resume_point: Any = None  # launch.reentry.ResumePoint for an existing run directory
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: what would run (the --dry-run/--json view)."""
@@ -94,8 +94,8 @@ def prepare_train(
             directory whose checkpoints are all invalid or do not match the config.
     """
     from llmctl.config import compose
-    from llmctl.launch.ckpt_resume import inspect_run_dir
     from llmctl.launch.lock import check_run_lock
+    from llmctl.launch.reentry import inspect_run_dir
     from llmctl.launch.slurm import requeue_checkpoint_default
     from llmctl.train.layout import resolve_layout
     from llmctl.train.rundir import absolute_paths, default_run_dir
@@ -266,7 +266,7 @@ def _lock_run_dir(launch: TrainLaunch) -> Any:
 
 
 def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict[str, Any]:
-    from llmctl.launch.ckpt_resume import accept_run_dir
+    from llmctl.launch.reentry import accept_run_dir
     from llmctl.train.rundir import create_run_dir
 
     accept_run_dir(launch.resume_point)  # the launch is accepted: invalid checkpoints aside

@@ -1,21 +1,16 @@
-"""Re-entering a run directory: `llmctl resume`, and `llmctl train` into an existing run dir.
+"""`llmctl resume RUN_DIR [key=value ...]`: relaunch a run from its newest valid checkpoint.
 
-No torch here, and nothing is written before the run is accepted. `inspect_run_dir` decides,
-before any rank starts, which checkpoint the ranks will load: it validates the checkpoints
-newest first exactly as the ranks do (manifest, sizes, CRC32s, the shards `.metadata` names)
-and checks the run's config against the one the checkpoint was saved with (model fields,
-optimizer sharding), so a mismatch is one line and exit code 2, not a failure in every rank.
-When checkpoints exist but none is valid, the run is refused unless the user asks to start
-over (`--restart-from-scratch`). `accept_run_dir` runs only once the launch is accepted: it
-moves the invalid checkpoints into `checkpoints/invalid/` (never deleted: they are evidence).
+No torch here: the run's saved config (RUN_DIR/config.yaml) is recomposed with the overrides
+(more steps, a new layout, another launcher or cluster file) through the same launch path as
+`llmctl train` (`launch.api.prepare_train`), whose run-directory checks (`launch.reentry`)
+validate the checkpoints and the overrides against the one that will load before anything
+starts; the training processes then load it themselves (`checkpoint.load`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +18,6 @@ from llmctl.errors import UserError
 
 # Config keys a resume cannot change: where the run lives, and that it loads its checkpoint.
 FIXED_ON_RESUME = ("train.run_dir", "checkpoint.load")
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """What the ranks of a (re)launched run will find in its checkpoints/ directory."""
-
-    step: int | None
-    """Step of the newest valid checkpoint (the one the ranks load); None = start at step 1."""
-    invalid: tuple[Any, ...] = ()
-    """`ckpt_store.Validation` of each newer checkpoint that failed; moved aside on launch."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON view for `--dry-run --json`."""
-        return {
-            "from_step": self.step,
-            "invalid": [{"path": str(v.path), "problem": v.reason} for v in self.invalid],
-        }
 
 
 def prepare_resume(
@@ -134,64 +112,3 @@ def _pinned_sharding(run_dir: Path, saved: Any, overrides: list[str]) -> list[st
         return []
     planned = (read_plan(run_dir).get("layout") or {}).get("optimizer_sharding")
     return [f"{key}={planned}"] if planned else []
-
-
-def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> ResumePoint | None:
-    """Decide what a launch into `cfg.train.run_dir` will load; None for a new run directory.
-
-    Raises:
-        UserError: The directory exists but is not a run directory; checkpoints exist but none
-            is valid (unless `restart_from_scratch`); `checkpoint.load=false` would overwrite
-            checkpoints; the newest valid checkpoint does not match this config.
-    """
-    from llmctl.train import ckpt_store as store
-    from llmctl.train.rundir import CHECKPOINTS_DIR, CONFIG_FILE
-
-    run_dir = Path(cfg.train.run_dir)
-    if not run_dir.is_dir() or not any(run_dir.iterdir()):
-        return None
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise UserError(
-            f"train.run_dir={run_dir} exists and is not a run directory (no {CONFIG_FILE}); "
-            "choose a new or empty directory"
-        )
-    root = run_dir / CHECKPOINTS_DIR
-    if not cfg.checkpoint.load:
-        if store.committed_steps(root):
-            raise UserError(
-                f"checkpoint.load=false would overwrite the checkpoints in {root}; "
-                "choose a new train.run_dir"
-            )
-        return ResumePoint(step=None)
-    valid, invalid = store.newest_valid(root, full=True)
-    if valid is None and invalid and not restart_from_scratch:
-        each = "; ".join(f"{v.path.name}: {v.reason}" for v in invalid)
-        raise UserError(
-            f"{run_dir} has no valid checkpoint ({each}); pass --restart-from-scratch to start "
-            f"over at step 1 (the invalid ones are then moved to {root / store.INVALID_DIR})"
-        )
-    if valid is not None:
-        check_checkpoint_matches(valid.path, cfg, layout)
-    return ResumePoint(step=None if valid is None else valid.step, invalid=tuple(invalid))
-
-
-def check_checkpoint_matches(ckpt_dir: Path, cfg: Any, layout: Any) -> None:
-    """The ranks' compatibility check (model fields, optimizer sharding), run in the launcher.
-
-    Raises:
-        UserError: One line naming the field, the saved value and this run's value.
-    """
-    from llmctl.train import ckpt_store as store
-    from llmctl.train.checkpoint import check_compatible
-
-    saved = json.loads((ckpt_dir / store.TRAIN_STATE).read_text())
-    check_compatible(saved, cfg, layout)
-
-
-def accept_run_dir(point: ResumePoint | None) -> list[Path]:
-    """Move the invalid checkpoints of an accepted launch aside. Returns their new paths."""
-    from llmctl.train import ckpt_store as store
-
-    if point is None:
-        return []
-    return [store.move_aside(v.path, v.reason) for v in point.invalid]

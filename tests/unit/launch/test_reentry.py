@@ -133,7 +133,8 @@ def test_resume_refuses_when_every_checkpoint_is_invalid(run: Path, llmctl) -> N
 
 
 def test_invalid_checkpoints_are_moved_aside_on_launch(run: Path) -> None:
-    from llmctl.launch.ckpt_resume import accept_run_dir, prepare_resume
+    from llmctl.launch.ckpt_resume import prepare_resume
+    from llmctl.launch.reentry import accept_run_dir
 
     _flip_a_byte(run / "checkpoints" / store.iter_name(4))
     launch = prepare_resume(run, [])
