@@ -1,6 +1,8 @@
 """Under torchrun: logits of an imported checkpoint loaded at TP x PP (weights-only load path).
 
-Usage: torchrun --nproc-per-node=N hf_layout_logits.py IMPORT_DIR IDS.npy OUT.npy TP PP
+Usage: torchrun --nproc-per-node=N hf_layout_logits.py TP PP IDS.npy IMPORT_DIR OUT.npy [...]
+
+(one IMPORT_DIR OUT.npy pair per model; one launch covers several models)
 
 Every rank builds its GPTModel shard with llmctl's builder, loads the imported checkpoint with
 `llmctl.hf.init.load_model_weights` (what `checkpoint.init_from` uses), runs megatron's
@@ -31,31 +33,19 @@ def _forward_step(data: Any, model: Any, ids: Any) -> tuple[Any, Any]:
     return output, collect
 
 
-def main(out_dir: Path, ids_path: Path, result: Path, tp: int, pp: int) -> None:
-    import numpy as np
+def _logits(out_dir: Path, ids: Any, layout: Any) -> Any:
     import torch
-    from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from llmctl.config import load_resolved
     from llmctl.hf.init import checkpoint_dir, load_model_weights
     from llmctl.train import model as M
-    from llmctl.train import parallel
-    from llmctl.train.layout import TrainLayout
     from llmctl.train.precision import recipe_for
 
-    parallel.init_distributed()
-    layout = TrainLayout(
-        tp=tp, pp=pp, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
-        sequence_parallel=False, recompute="none", optimizer_sharding="none",
-    )  # fmt: skip
-    parallel.init_model_parallel(layout, 1, False)
     cfg = load_resolved(out_dir / "config.yaml")
-    ids = torch.from_numpy(np.load(ids_path))
     cfg.model.seq_length = int(ids.shape[1])
-    tc = M.transformer_config(
-        cfg.model, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=False
-    )
+    prec = recipe_for(cfg.precision)
+    tc = M.transformer_config(cfg.model, layout, cfg.precision, prec, on_gpu=False)
     chunks = M.build_model_chunks(cfg.model, tc, layout, use_te=False, seed=7)
     load_model_weights(chunks, checkpoint_dir(out_dir))
     for c in chunks:
@@ -71,12 +61,36 @@ def main(out_dir: Path, ids_path: Path, result: Path, tp: int, pp: int) -> None:
             forward_only=True,
             collect_non_loss_data=True,
         )
-    last = ps.is_pipeline_last_stage()
-    if last and ps.get_tensor_model_parallel_rank() == 0:
-        np.save(result, store[0].float().numpy())
+    return store[0] if store else None
+
+
+def main(tp: int, pp: int, ids_path: Path, pairs: list[tuple[Path, Path]]) -> None:
+    import numpy as np
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from llmctl.train import parallel
+    from llmctl.train.layout import TrainLayout
+
+    parallel.init_distributed()
+    layout = TrainLayout(
+        tp=tp, pp=pp, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
+        sequence_parallel=False, recompute="none", optimizer_sharding="none",
+    )  # fmt: skip
+    parallel.init_model_parallel(layout, 1, False)
+    ids = torch.from_numpy(np.load(ids_path))
+    for out_dir, result in pairs:
+        logits = _logits(out_dir, ids, layout)
+        if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
+            np.save(result, logits.float().numpy())
     parallel.teardown(destroy_process_group=True)
 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(Path(a[0]), Path(a[1]), Path(a[2]), int(a[3]), int(a[4]))
+    main(
+        int(a[0]),
+        int(a[1]),
+        Path(a[2]),
+        [(Path(d), Path(o)) for d, o in zip(a[3::2], a[4::2], strict=True)],
+    )
