@@ -114,9 +114,9 @@ def find_run_checkpoint(
     """
     from llmctl.config import load_resolved
     from llmctl.train import ckpt_store as store
+    from llmctl.train.rundir import require_run_dir
 
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"{run_dir} is not a llmctl run directory (no config.yaml)")
+    require_run_dir(run_dir)  # the one "not a run directory" wording
     cfg = load_resolved(run_dir / "config.yaml")
     ckpt_root = run_dir / "checkpoints"
     chosen = _pick_step(ckpt_root, step)

@@ -394,13 +394,11 @@ def describe_checkpoints(
         progress: One step per checkpoint validated.
 
     Raises:
-        UserError: If `run_dir` is not a directory.
+        UserError: If `run_dir` is not a run directory.
     """
-    from llmctl.errors import UserError
+    from llmctl.train.rundir import require_run_dir
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"run directory {run_dir} does not exist")
+    run_dir = require_run_dir(run_dir)  # the one "not a run directory" wording
     root = run_dir / "checkpoints"
     latest = read_latest(root)
     steps, checks = list(reversed(committed_steps(root))), []

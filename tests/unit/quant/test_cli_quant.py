@@ -90,7 +90,7 @@ def test_run_dir_without_checkpoint(tmp_path: Path) -> None:
     from llmctl.errors import UserError
     from llmctl.quant.export import export_run
 
-    with pytest.raises(UserError, match="not a llmctl run directory"):
+    with pytest.raises(UserError, match=r"is not a run directory \(has no config.yaml\)"):
         export_run(tmp_path, tmp_path / "hf")
 
 

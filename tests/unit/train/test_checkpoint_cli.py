@@ -42,7 +42,9 @@ def test_checkpoints_table_and_missing_dir(tmp_path: Path) -> None:
     _fake_checkpoint(run / "checkpoints", 3)
     result = runner.invoke(app, ["checkpoints", str(run), "--quick"])
     assert result.exit_code == 0 and "3 (latest)" in result.output
-    assert runner.invoke(app, ["checkpoints", str(tmp_path / "nope")]).exit_code == 2
+    missing = runner.invoke(app, ["checkpoints", str(tmp_path / "nope")])
+    flat = " ".join(missing.output.replace("│", " ").split())
+    assert missing.exit_code == 2 and "is not a run directory (does not exist)" in flat
 
 
 # `llmctl resume` is tested with real checkpoints in tests/unit/launch/test_reentry.py.
