@@ -37,13 +37,14 @@ from llmctl.data.choices import DedupMode, Verify
 from llmctl.data.dedup import (
     DedupConfig,
     finish,
+    output_names,
     plan,
     prepare_work_dir,
     signature_shard,
 )
 from llmctl.data.manifest import read_json, write_json_atomic
 from llmctl.data.minhash import ShingleUnit
-from llmctl.data.outputs import OutputLock, check_file_targets, command_line
+from llmctl.data.outputs import OutputLock, check_collisions, check_file_targets, command_line
 from llmctl.data.preprocess import (
     PreprocessConfig,
     RunPlan,
@@ -190,6 +191,7 @@ def submit_dedup(
     if cfg.dry_run or cfg.output_dir is None:
         raise UserError("--launcher slurm needs --out DIR (use --print-script to preview)")
     chunks, scans = plan(cfg)
+    check_collisions(Path(cfg.output_dir), output_names(chunks))
     job_dir = prepare_work_dir(cfg, chunks, scans)
     _save_job(job_dir, cfg, chunks, scans)
     scripts = render_dedup_scripts(job_dir, len(chunks), opts, sys.executable)
