@@ -51,15 +51,34 @@ def absolute_paths(cfg: Any) -> None:
 
     Called when a run is created, so its config.yaml works from any directory and after the
     run directory is moved: data.prefixes, data.tokenizer, data.cache_dir, launcher.hostfile.
+    An unset data.tokenizer is pinned to the one the datasets' manifests record (which
+    `llmctl data preprocess` writes as typed, often relative).
     """
 
     def fix(value: str | None) -> str | None:
         return None if not value else os.path.abspath(os.path.expanduser(value))
 
     cfg.data.prefixes = [fix(p) for p in cfg.data.prefixes]
-    cfg.data.tokenizer = fix(cfg.data.tokenizer)
+    cfg.data.tokenizer = fix(cfg.data.tokenizer) or _manifest_tokenizer(cfg.data.prefixes)
     cfg.data.cache_dir = fix(cfg.data.cache_dir)
     cfg.launcher.hostfile = fix(cfg.launcher.hostfile)
+
+
+def _manifest_tokenizer(prefixes: list[str]) -> str | None:
+    """The tokenizer.json the datasets were preprocessed with, as an absolute path.
+
+    `llmctl data preprocess` records the tokenizer path as it was typed (often relative). None
+    unless every prefix records the same Hugging Face tokenizer file and it exists from here.
+    """
+    from llmctl.train.data import manifest_tokenizer
+
+    records = [manifest_tokenizer(p) for p in prefixes]
+    if not records or any(r is None for r in records):
+        return None
+    if len({r.get("sha256") for r in records if r}) != 1 or records[0].get("kind") != "hf":
+        return None
+    path = Path(str(records[0].get("path", ""))).expanduser()
+    return os.path.abspath(path) if path.is_file() else None
 
 
 def default_run_dir(recipe: str, now: datetime | None = None, root: Path = Path("runs")) -> Path:

@@ -3,6 +3,8 @@
 A run is created from a working directory with relative data and tokenizer paths (as a user
 types them), trained for real in this process, moved elsewhere, and then resumed, exported
 (`llmctl export hf`, read back by transformers) and planned for quantization from another cwd.
+The data is preprocessed here with a relative tokenizer path, which its manifest records as
+typed, and the run is created without `data.tokenizer`.
 """
 
 from __future__ import annotations
@@ -42,18 +44,21 @@ def test_a_moved_run_resumes_exports_and_quantizes_from_anywhere(
     from llmctl.launch.api import prepare_train
     from llmctl.launch.ckpt_resume import prepare_resume
 
-    prefix = Path(prepare_demo_data(demo_cache))
+    prepare_demo_data(demo_cache)
     work = tmp_path / "work"
     (work / "data").mkdir(parents=True)
-    for suffix in (".bin", ".idx", ".manifest.json"):
-        shutil.copy(f"{prefix}{suffix}", work / "data" / f"demo{suffix}")
     shutil.copy(demo_cache / "tokenizer" / "tokenizer.json", work / "data" / "tokenizer.json")
     monkeypatch.chdir(work)
+    res = CliRunner().invoke(
+        app, ["data", "preprocess", str(demo_cache / "dedup" / "corpus.jsonl"),
+              "--tokenizer", "data/tokenizer.json", "--output-prefix", "data/demo"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output  # the manifest records data/tokenizer.json, relative
     launch = prepare_train(
         "tiny_cpu",
-        ["data.prefixes=[data/demo]", "data.tokenizer=data/tokenizer.json", "train.run_dir=run",
-         "data.cache_dir=cache", "train.train_iters=2", "train.eval_interval=0",
-         "checkpoint.interval=2", "checkpoint.async_save=false"],
+        ["data.prefixes=[data/demo]", "train.run_dir=run", "data.cache_dir=cache",
+         "train.train_iters=2", "train.eval_interval=0", "checkpoint.interval=2",
+         "checkpoint.async_save=false"],
     )  # fmt: skip
     _train_here(launch.cfg, launch.run_dir)
     saved = yaml.safe_load((work / "run" / "config.yaml").read_text())
