@@ -251,3 +251,16 @@ def test_compose_takes_seq_length_from_the_packs(tok_dir, tmp_path):
     with pytest.raises(UserError, match="packed for 40"):
         compose("tiny_cpu_sft", [f"data.prefixes=[{out}]", "model.seq_length=64"])
     assert np.asarray(PackedSft(out)[0][0]).shape == (41,)
+
+
+def test_dry_run_writes_nothing_and_no_pack_keeps_examples_apart(tok_dir, tmp_path):
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(30))
+    out = str(tmp_path / "o")
+    common = {"inputs": [str(src)], "output_prefix": out, "tokenizer": str(tok_dir)}
+    dry = build_sft(SftConfig(**common, seq_length=48, pack=False, dry_run=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]
+    real = build_sft(SftConfig(**common, seq_length=48, pack=False))
+    assert dry.as_dict() | {"dry_run": False} == real.as_dict()
+    assert real.num_packs == 30 and real.max_examples_per_pack == 1
+    packed = build_sft(SftConfig(**common, seq_length=48, force=True))
+    assert packed.num_packs < 30 and packed.num_trained_tokens == real.num_trained_tokens
