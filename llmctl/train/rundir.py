@@ -72,10 +72,11 @@ def _manifest_tokenizer(prefixes: list[str]) -> str | None:
     """
     from llmctl.train.data import manifest_tokenizer
 
-    records = [manifest_tokenizer(p) for p in prefixes]
-    if not records or any(r is None for r in records):
+    found = [manifest_tokenizer(p) for p in prefixes]
+    records = [r for r in found if r is not None]
+    if not records or len(records) != len(found):
         return None
-    if len({r.get("sha256") for r in records if r}) != 1 or records[0].get("kind") != "hf":
+    if len({r.get("sha256") for r in records}) != 1 or records[0].get("kind") != "hf":
         return None
     path = Path(str(records[0].get("path", ""))).expanduser()
     return os.path.abspath(path) if path.is_file() else None
