@@ -134,10 +134,21 @@ def run_status(target: str) -> RunStatus:
     raise UserError(f"{target} is neither a run directory nor a SLURM job id")
 
 
-def _dir_status(run_dir: Path) -> RunStatus:
+def _launched(run_dir: Path) -> dict[str, Any]:
+    """launch.json of a run directory; one wording for each way it can be missing."""
+    from llmctl.train.rundir import require_run_dir
+
+    require_run_dir(run_dir)
     launch = read_launch(run_dir)
     if not launch:
-        raise UserError(f"{run_dir} has no {LAUNCH_FILE}: not a run started by `llmctl train`")
+        raise UserError(
+            f"{run_dir} was never launched (no {LAUNCH_FILE}); start it with `llmctl train`"
+        )
+    return launch
+
+
+def _dir_status(run_dir: Path) -> RunStatus:
+    launch = _launched(run_dir)
     if launch.get("kind") == "slurm":
         job_id = str(launch.get("job_id") or _read(run_dir / JOB_ID_FILE).strip())
         return _slurm_status(run_dir, job_id, _scontrol_job(job_id))
@@ -204,8 +215,7 @@ def follow_logs(
         UserError: Not a run directory started by `llmctl train`.
     """
     rd = Path(run_dir)
-    if not read_launch(rd):
-        raise UserError(f"{rd} is not a run directory started by `llmctl train` (no launch.json)")
+    _launched(rd)
     path, offset = log_path(rd), 0
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:

@@ -63,3 +63,19 @@ def test_recipes_list_summaries_are_whole_sentences_without_the_name() -> None:
         assert not summary.startswith(name) and summary.endswith("."), row
         header = (resource_dir("recipes") / f"{name}.yaml").read_text()
         assert " ".join(summary.split()[-3:]) in " ".join(header.replace("#", " ").split())
+
+
+def test_not_a_run_directory_is_worded_one_way(tmp_path: Path) -> None:
+    """Every command that takes a run directory says the same line for the same condition."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for target, why in ((tmp_path / "nope", "does not exist"), (empty, "has no config.yaml")):
+        expected = f"{target} is not a run directory ({why}); start one with `llmctl train`"
+        for cmd in (["checkpoints"], ["resume"], ["logs"], ["status"], ["export", "hf"]):
+            extra = ["-o", str(tmp_path / "o")] if cmd[0] == "export" else []
+            res = runner.invoke(app, [*cmd, str(target), *extra], env={"COLUMNS": "300"})
+            flat = " ".join(res.output.replace("│", " ").split())
+            if cmd == ["status"] and why == "does not exist":  # could be a SLURM job id
+                assert "is neither a run directory nor a SLURM job id" in flat
+                continue
+            assert res.exit_code == 2 and expected in flat, (cmd, target, flat)
