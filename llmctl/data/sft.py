@@ -75,8 +75,6 @@ class SftConfig:
     """Training sequence length; packs hold seq_length + 1 tokens."""
     pack: bool = True
     """Pack several examples per sequence; False puts one example per sequence."""
-    seed: int = 1234
-    """Not used for packing (input order is kept); recorded for reproducibility."""
     dry_run: bool = False
     """Read, render, tokenize and pack, but write nothing."""
     force: bool = False
