@@ -20,17 +20,17 @@ step "llmctl plan: Llama-3 70B pretraining on 64 H100s, FP8"
 $LLMCTL plan recipe=llama3_70b_pretrain_64gpu_h100_fp8
 
 step "llmctl data corpus: the Python standard library's sources as JSONL documents"
-$LLMCTL data corpus "$OUT/data/corpus.jsonl"
+$LLMCTL data corpus -o "$OUT/data/corpus.jsonl"
 
 step "llmctl data dedup: exact + MinHash near-duplicates"
-$LLMCTL data dedup "$OUT/data/corpus.jsonl" --output-dir "$OUT/data/dedup"
+$LLMCTL data dedup "$OUT/data/corpus.jsonl" -o "$OUT/data/dedup"
 
 step "llmctl data tokenizer train: byte-level BPE, 4096 tokens"
-$LLMCTL data tokenizer train "$OUT/data/dedup/corpus.jsonl" --output-dir "$OUT/data/tokenizer"
+$LLMCTL data tokenizer train "$OUT/data/dedup/corpus.jsonl" -o "$OUT/data/tokenizer"
 
 step "llmctl data preprocess: Megatron .bin/.idx"
 $LLMCTL data preprocess "$OUT/data/dedup/corpus.jsonl" --tokenizer "$OUT/data/tokenizer" \
-  --output-prefix "$OUT/data/stdlib"
+  -o "$OUT/data/stdlib"
 
 step "llmctl train: tiny Llama-style model, megatron-core on CPU (local launcher)"
 $LLMCTL train recipe=tiny_cpu train.run_dir="$OUT/run" \
@@ -43,11 +43,11 @@ $LLMCTL checkpoints "$OUT/run"
 step "llmctl export hf: Hugging Face LlamaForCausalLM"
 $LLMCTL export hf "$OUT/run" --out "$OUT/hf"
 
-# The tiny model's hidden size is 64, so weight groups are 64 wide (128 needs hidden >= 128).
+# The tiny model's hidden size is 64: quantize fits the presets' group size 128 down to 64.
 step "llmctl quantize: W8A16 (RTN)"
-$LLMCTL quantize "$OUT/run" --preset w8a16_rtn --group-size 64 --out "$OUT/quant-w8a16"
+$LLMCTL quantize "$OUT/run" --preset w8a16_rtn -o "$OUT/quant-w8a16"
 
 step "llmctl quantize: W4A16 (GPTQ)"
-$LLMCTL quantize "$OUT/run" --preset w4a16_gptq --group-size 64 --out "$OUT/quant-w4a16"
+$LLMCTL quantize "$OUT/run" --preset w4a16_gptq -o "$OUT/quant-w4a16"
 
 step "done: outputs under $OUT/"

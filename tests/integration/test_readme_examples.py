@@ -31,7 +31,8 @@ def readme_examples(text: str) -> list[str]:
     section = text.split("## Examples", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "README.md: no ```bash block under ## Examples"
-    return [line for line in block.group(1).splitlines() if line.strip() and line[0] != "#"]
+    joined = block.group(1).replace("\\\n", " ")  # backslash continuations
+    return [line for line in joined.splitlines() if line.strip() and line[0] != "#"]
 
 
 def _as_run(line: str) -> str:
