@@ -48,3 +48,18 @@ def test_checkpoints_table_and_missing_dir(tmp_path: Path) -> None:
 
 
 # `llmctl resume` is tested with real checkpoints in tests/unit/launch/test_reentry.py.
+
+
+def test_checkpoint_validation_shows_progress_on_stderr(tmp_path: Path) -> None:
+    """`llmctl checkpoints` draws one step per checkpoint validated, with an ETA, on stderr
+    (forced here: CliRunner's stderr is not a terminal); stdout stays pure JSON."""
+    run = _run_dir(tmp_path)
+    for step in (2, 4, 6):
+        _fake_checkpoint(run / "checkpoints", step)
+    result = runner.invoke(
+        app, ["checkpoints", str(run), "--json"], env={"LLMCTL_PROGRESS": "1", "COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    assert [r["step"] for r in json.loads(result.stdout)] == [6, 4, 2]
+    assert "validate checkpoints" in result.stderr and "3/3" in result.stderr
+    assert "ETA" in result.stderr
