@@ -79,3 +79,17 @@ def test_not_a_run_directory_is_worded_one_way(tmp_path: Path) -> None:
                 assert "is neither a run directory nor a SLURM job id" in flat
                 continue
             assert res.exit_code == 2 and expected in flat, (cmd, target, flat)
+
+
+def test_quantize_hints_name_only_options_it_has() -> None:
+    """Every `--option` that a quantize/export error message suggests exists on the command."""
+    import re
+
+    import llmctl.quant as q
+
+    root = Path(q.__file__).parent
+    named = set()
+    for name in ("quantize.py", "calibration.py", "schemes.py", "export.py"):
+        named |= set(re.findall(r"(--[a-z][a-z-]+)", (root / name).read_text()))
+    options = set(re.findall(r"(--[a-z][a-z-]+)", _help("quantize") + _help("export", "hf")))
+    assert "--tokenizer" in named and not named - options, named - options
