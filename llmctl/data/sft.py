@@ -221,24 +221,34 @@ class ChatRenderer:
             (i for i in (self.tok.pad_token_id, self.tok.eos_token_id) if i is not None), 0
         )
 
-    def render(self, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
-        """The template's text for `messages`."""
-        text = self.tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
-        )
+    def render(
+        self, messages: list[dict[str, str]], where: str, generation_prompt: bool = False
+    ) -> str:
+        """The template's text for `messages`.
+
+        Raises:
+            UserError: the template refuses the conversation (e.g. `raise_exception` for a
+                role order it does not support), naming `where`.
+        """
+        try:
+            text = self.tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        except Exception as e:  # jinja2 TemplateError, or the template's raise_exception
+            raise _bad(where, f"the chat template refused this conversation: {e}") from None
         return str(text)
 
     def response_spans(
         self, messages: list[dict[str, str]], where: str
     ) -> tuple[str, list[tuple[int, int]]]:
         """(whole text, character spans of the assistant responses)."""
-        full = self.render(messages)
+        full = self.render(messages, where)
         spans = []
         for i, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue
-            before = self.render(messages[:i], generation_prompt=True) if i else ""
-            upto = self.render(messages[: i + 1])
+            before = self.render(messages[:i], where, generation_prompt=True) if i else ""
+            upto = self.render(messages[: i + 1], where)
             if not (upto.startswith(before) and full.startswith(upto)):
                 raise _bad(
                     where,

@@ -264,3 +264,29 @@ def test_dry_run_writes_nothing_and_no_pack_keeps_examples_apart(tok_dir, tmp_pa
     assert real.num_packs == 30 and real.max_examples_per_pack == 1
     packed = build_sft(SftConfig(**common, seq_length=48, force=True))
     assert packed.num_packs < 30 and packed.num_trained_tokens == real.num_trained_tokens
+
+
+def test_template_that_refuses_a_conversation_names_the_line(tok_dir, tmp_path):
+    """A template's own `raise_exception` (as Mistral's and Gemma's templates do for role
+    orders they do not support) becomes one line naming the input line."""
+    import shutil
+
+    strict = tmp_path / "tok"
+    shutil.copytree(tok_dir, strict)
+    config = json.loads((strict / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}"
+        "{% endif %}" + CHATML_TEMPLATE
+    )
+    (strict / "tokenizer_config.json").write_text(json.dumps(config))
+    records = [
+        {"prompt": "translate: red", "completion": "blue"},
+        *translate_examples(1, chat_share=1),
+    ]
+    src = write_jsonl(tmp_path / "a.jsonl", records)
+    with pytest.raises(UserError, match=r"a\.jsonl:2: the chat template refused .*no system role"):
+        build_sft(
+            SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "o"), tokenizer=str(strict),
+                      seq_length=32)
+        )  # fmt: skip
+    assert not list(tmp_path.glob("o*"))
