@@ -140,6 +140,13 @@ def compose(
     if cluster_file is not None:
         store.store(group="cluster", name=_CLUSTER_FILE_NODE, node=_load_cluster_file(cluster_file))
         choices["cluster"] = _CLUSTER_FILE_NODE
+    overrides = list(overrides or [])
+    if "cluster=probe" in overrides:  # this host, probed now (llmctl.topology)
+        from llmctl.topology.cluster import probed_cluster
+
+        overrides.remove("cluster=probe")
+        store.store(group="cluster", name="__llmctl_probe__", node=probed_cluster())
+        choices["cluster"] = "__llmctl_probe__"
     store.store(name=_SCHEMA_NODE, node=RootConfig)
     defaults: list[Any] = [_SCHEMA_NODE, *({g: c} for g, c in choices.items()), "_self_"]
     store.store(name=_RECIPE_NODE, node={"defaults": defaults, **body})

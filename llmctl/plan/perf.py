@@ -167,6 +167,7 @@ def _fwd_bwd(cluster: ClusterSpec, dtype: str, m: float, n: float, k: float, fwd
     )
 
 
+@lru_cache(maxsize=65536)
 def layer_gemm_s(
     model: ModelSpec, cluster: ClusterSpec, dtype: str, tokens: float, tp: int, ep: int, fwd: float
 ) -> float:
@@ -284,6 +285,7 @@ def _slot_cached(
     )
 
 
+@lru_cache(maxsize=65536)
 def _logits_s(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, tok: float, tp: int) -> float:
     """Output-layer GEMMs (bf16 under FP8 recipes: Transformer Engine leaves them 16-bit)."""
     dtype = "bf16" if run.fp8 else run.compute_dtype

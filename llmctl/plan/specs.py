@@ -189,7 +189,8 @@ class ClusterSpec:
         if dtype not in self.peak_tflops:
             raise ValueError(
                 f"cluster {self.name} states no peak TFLOP/s for {dtype}: add "
-                f"peak_tflops.{dtype} to the cluster file (or plan another precision)"
+                f"peak_tflops.{dtype} (and achievable_fraction.{dtype}) to the cluster file "
+                f"given to --cluster-file, or plan another precision (e.g. precision=bf16)"
             )
         return self.peak_tflops[dtype] * self.achievable_fraction.get(dtype, 1.0)
 

@@ -225,6 +225,15 @@ def _name(topology: Topology) -> str:
     )
 
 
+def probed_cluster() -> dict[str, Any]:
+    """ClusterConfig fields of this host, probed now (`cluster=probe`): its GPUs, or its CPU
+    when it has none (then only fp32/bf16 peaks are known)."""
+    from llmctl.topology.probe import probe
+
+    desc, _ = cluster_description(probe())
+    return desc
+
+
 def save_cluster(topology: Topology, path: str | Path, gpu: str | None = None) -> list[str]:
     """Write the cluster description as YAML (keys = ClusterConfig fields); return warnings."""
     import yaml

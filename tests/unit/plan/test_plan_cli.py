@@ -94,3 +94,14 @@ def test_every_shipped_recipe_composes_and_plans(recipe: str) -> None:
 
 def test_planning_recipes_are_shipped() -> None:
     assert set(PLANNING_RECIPES) <= set(list_recipes())
+
+
+def test_cluster_probe_plans_for_this_host_and_names_a_missing_peak() -> None:
+    res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "cluster=probe", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["cluster"].startswith("probed_")
+    fp8 = runner.invoke(app, ["plan", R70, "cluster=probe"])
+    if fp8.exit_code == 2:  # a GPU-less host: the probe knows no FP8 peak
+        assert "add peak_tflops.fp8" in fp8.output and "--cluster-file" in fp8.output
+    else:
+        assert fp8.exit_code == 0, fp8.output

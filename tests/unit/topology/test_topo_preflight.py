@@ -1,0 +1,62 @@
+"""The job-start preflight comparison on saved real `nvidia-smi topo -m` outputs and live-like
+probes (tests/fixtures/topology/SOURCE.md names each file's origin)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from llmctl.config import compose
+from llmctl.topology.load import load_topology
+from llmctl.topology.model import GpuInfo, NicInfo
+from llmctl.topology.preflight import expected_from_cluster, mismatches, refusal
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "topology"
+
+
+def _expected(cluster: str, nodes: int = 8):  # type: ignore[no-untyped-def]
+    cfg = compose("llama3_70b_pretrain_64gpu_h100_fp8", [f"cluster={cluster}"])
+    return replace(expected_from_cluster(cfg.cluster), num_nodes=nodes)
+
+
+def test_matching_nodes_pass() -> None:
+    assert mismatches(_expected("dgx_h100"), load_topology(FIX / "dgx_h100.txt")) == []
+    assert mismatches(_expected("dgx_a100_80gb"), load_topology(FIX / "dgx_a100.txt")) == []
+
+
+def test_pcie_node_without_nvlink_is_refused() -> None:
+    found = mismatches(_expected("dgx_h100"), load_topology(FIX / "pcie_8x_rtx4090.txt"))
+    assert found == [
+        "NVLink domain of 1 GPU(s), the plan assumes 8 (tensor parallelism would cross PCIe)"
+    ]
+
+
+def test_four_gpu_node_is_refused_in_one_line() -> None:
+    nodes = {
+        "n1": load_topology(FIX / "dgx_a100.txt"),
+        "n2": load_topology(FIX / "hgx_a100_4gpu_spaces.txt"),
+    }
+    line = refusal(_expected("dgx_a100_80gb"), nodes)
+    assert line is not None and "\n" not in line
+    assert line.startswith("hardware differs from the plan on n2: 4 GPUs, the plan assumes 8")
+
+
+def test_probed_model_memory_and_nic_rate_are_compared() -> None:
+    topo = load_topology(FIX / "dgx_h100.txt")
+    a100 = tuple(replace(g, name="NVIDIA A100-SXM4-40GB", memory_gib=39.4) for g in topo.gpus)
+    slow = tuple(NicInfo(name=f"mlx5_{i}", rate_gbps=100.0, state="ACTIVE") for i in range(8))
+    found = mismatches(_expected("dgx_h100"), replace(topo, gpus=a100, nics=slow))
+    assert any(m.startswith("GPU 'NVIDIA A100-SXM4-40GB'") for m in found)
+    assert "39.4 GiB per GPU, the plan assumes 79.6 GiB" in found
+    assert "RDMA 12.5 GB/s per GPU, the plan assumes 50 GB/s" in found
+    h100 = tuple(replace(g, name="NVIDIA H100 80GB HBM3", memory_gib=79.6) for g in topo.gpus)
+    assert mismatches(_expected("dgx_h100"), replace(topo, gpus=h100)) == []
+
+
+def test_gpu_less_node_is_refused() -> None:
+    topo = load_topology(FIX / "dgx_h100.txt")
+    empty = replace(topo, gpus=(), gpu_error="NVML Shared Library Not Found")
+    assert mismatches(_expected("dgx_h100"), empty) == [
+        "no NVIDIA GPU (NVML Shared Library Not Found); the plan assumes GPUs"
+    ]
+    assert GpuInfo(index=0).name == ""
