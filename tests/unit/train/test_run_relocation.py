@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from llmctl.cli.main import app
 
 pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.slow  # trains, preprocesses and exports for real: ~20 s
 
 
 def _train_here(cfg, run_dir: Path):
