@@ -36,7 +36,7 @@ def resume(
 
     Example: llmctl resume runs/tiny_cpu-20261130T041500Z train.train_iters=100 --dp 2
     """
-    from llmctl.cli.train import print_dry_run, print_result
+    from llmctl.cli.train import ignore_fit_flag, print_dry_run, print_result
     from llmctl.launch.api import execute_train
     from llmctl.launch.ckpt_resume import prepare_resume
 
@@ -44,7 +44,7 @@ def resume(
         run_dir,
         [*(overrides or []), *layout.overrides()],
         cluster_file=cluster_file,
-        ignore_fit=ignore_fit or force,
+        ignore_fit=ignore_fit_flag(ignore_fit, force),
         restart_from_scratch=restart_from_scratch,
     )
     if dry_run:

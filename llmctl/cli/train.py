@@ -58,7 +58,7 @@ def train(
         recipe,
         overrides + layout.overrides(),
         cluster_file=cluster_file,
-        force=ignore_fit or force,
+        force=ignore_fit_flag(ignore_fit, force),
         restart_from_scratch=restart_from_scratch,
     )
     if dry_run:
@@ -69,6 +69,13 @@ def train(
     print_result(result, as_json)
     if result.get("exit_code"):
         raise typer.Exit(int(result["exit_code"]))
+
+
+def ignore_fit_flag(ignore_fit: bool, force: bool) -> bool:
+    """`--ignore-fit`, or its old spelling `--force` (said once on stderr)."""
+    if force:
+        typer.echo("note: --force is now --ignore-fit (--force will mean overwrite)", err=True)
+    return ignore_fit or force
 
 
 def print_dry_run(launch: Any, as_json: bool) -> None:

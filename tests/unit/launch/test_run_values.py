@@ -19,7 +19,7 @@ runner = CliRunner()
 def _dry_run_json(*args: str) -> dict:
     res = runner.invoke(app, ["train", "recipe=tiny_cpu", *args, "--dry-run", "--json"])
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)
+    return json.loads(res.stdout)
 
 
 def _refusal(*args: str) -> str:
@@ -86,6 +86,8 @@ def test_ignore_fit_launches_a_misfit_and_force_is_its_hidden_alias() -> None:
     assert "--ignore-fit" in _refusal(*args)
     assert _dry_run_json(*args, "--ignore-fit")["plan"]["fits"] is False
     assert _dry_run_json(*args, "--force")["plan"]["fits"] is False
+    res = runner.invoke(app, ["train", "recipe=tiny_cpu", *args, "--force", "--dry-run"])
+    assert "--force is now --ignore-fit" in res.stderr
     helptext = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output
     assert "--ignore-fit" in helptext and "--force" not in helptext
     helptext = runner.invoke(app, ["resume", "--help"], env={"COLUMNS": "200"}).output
