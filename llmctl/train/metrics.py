@@ -221,6 +221,7 @@ def start_wandb(cfg: RootConfig, run_dir: Path, log: logging.Logger) -> Any:
         dir=str(run_dir),
         mode=_v(w.mode),  # type: ignore[arg-type]
         config=yaml.safe_load(cfg_to_yaml(cfg)),
+        settings=wandb.Settings(silent=not os.environ.get("LLMCTL_VERBOSE")),  # our line below
     )
     log.info("W&B run %s (%s) in %s/wandb", run_id, _v(w.mode), run_dir)
     return run

@@ -80,7 +80,11 @@ def _train(cfg, run_dir: Path):
 
 
 def test_one_wandb_run_continued_across_resume(
-    demo_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
+    demo_cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    one_thread: None,
 ) -> None:
     monkeypatch.delenv("LLMCTL_WANDB", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -88,6 +92,7 @@ def test_one_wandb_run_continued_across_resume(
     extra = ("train.wandb.project=llmctl-test", "train.wandb.tags=[cpu,tiny]")
     _train(_cfg(demo_cache, run_dir, 3, *extra), run_dir)
     _train(_cfg(demo_cache, run_dir, 6, *extra), run_dir)  # resumes from step 3
+    assert "wandb:" not in "".join(capfd.readouterr())  # wandb's banner: not on the console
 
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     dirs = sorted((run_dir / "wandb").glob("offline-run-*"))
