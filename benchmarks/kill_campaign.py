@@ -210,14 +210,17 @@ def one_round(
     args = ["train", *train_args] if first else ["resume", str(run_dir)]
     proc = _cli(args, mark, run_dir.parent / "campaign-cli.log")
     trained = lambda: len(_metric_lines(run_dir)) > before  # noqa: E731
-    if first:  # round 0 must leave a checkpoint, or no later round could resume
-        _wait(lambda: (store_latest(root) or 0) >= 1, 300, proc)
-        time.sleep(rng.uniform(0.0, 2.0))
-    elif rng.random() < 0.2:  # kill anywhere in start-up, loading, or the first steps
-        _wait(lambda: proc.poll() is not None, rng.uniform(0.5, 12.0), proc)
-    else:  # kill while training and saving
-        _wait(trained, 300, proc)
+    latest0 = store_latest(root) or 0
+    committed = lambda: (store_latest(root) or 0) > latest0  # noqa: E731
+    pick = rng.random()
+    if first or pick < 0.5:  # after this round's first commit: kills during training, saves
+        _wait(committed, 600, proc)
         time.sleep(rng.uniform(0.0, 3.0))
+    elif pick < 0.8:  # within the first steps: the round's first async save is in flight
+        _wait(trained, 600, proc)
+        time.sleep(rng.uniform(0.0, 3.0))
+    else:  # anywhere in start-up, validation, loading
+        _wait(lambda: proc.poll() is not None, rng.uniform(0.5, 15.0), proc)
     if proc.poll() is not None and proc.returncode not in (0, None):
         report.refused_resumes += 1
         report.notes.append(f"round {rnd}: llmctl exited {proc.returncode} before the kill")
@@ -259,8 +262,10 @@ def reference_losses(work: Path, ovr: list[str], until: int) -> dict[int, float]
     return dict(_metric_lines(run_dir))
 
 
-def campaign(rounds: int, seed: int, interval: int, work: Path) -> Report:
-    """Run the whole campaign in `work`."""
+def campaign(
+    rounds: int, seed: int, interval: int, work: Path, max_s: float, out: Path | None
+) -> Report:
+    """Run the whole campaign in `work`; stop starting rounds after `max_s` seconds."""
     t0 = time.monotonic()
     report = Report(seed=seed, interval=interval)
     rng = random.Random(seed)
@@ -277,6 +282,11 @@ def campaign(rounds: int, seed: int, interval: int, work: Path) -> Report:
             file=sys.stderr,
             flush=True,
         )
+        if out is not None:  # partial figures survive an interrupted campaign
+            out.write_text(json.dumps(asdict(report), indent=2) + "\n")
+        if time.monotonic() - t0 > max_s:
+            report.notes.append(f"stopped after {rnd + 1} rounds: --max-minutes reached")
+            break
     _check_after_kill(run_dir / "checkpoints", report)
     final = dict(_metric_lines(run_dir))  # later lines win: the steps that count
     report.final_step = max(final)
@@ -299,12 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=int, default=3, help="checkpoint.interval (async saves)")
     ap.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    ap.add_argument("--max-minutes", type=float, default=1e9, help="stop starting rounds after")
     ap.add_argument("--json", action="store_true")
     ns = ap.parse_args(argv)
     seed = ns.seed if ns.seed is not None else time.time_ns() % 100_000
     work = ns.workdir or Path(tempfile.mkdtemp(prefix="llmctl-kill-campaign-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = campaign(ns.rounds, seed, ns.interval, work)
+    report = campaign(ns.rounds, seed, ns.interval, work, ns.max_minutes * 60, ns.out)
     text = json.dumps(asdict(report), indent=2)
     if ns.out:
         ns.out.write_text(text + "\n")
