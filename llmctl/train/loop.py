@@ -109,6 +109,10 @@ def _forward_step(data_iterator: Any, model: Any, device: Any) -> tuple[Any, Any
     mask = batch.get("attention_mask")  # SFT packs: causal within each example only
     attention_mask = None if mask is None else mask.to(device, non_blocking=True)
     output = model(tokens, position_ids, attention_mask, labels=labels)
+    if model.config.calculate_per_token_loss:  # SFT: see llmctl.train.token_loss
+        from llmctl.train.token_loss import token_loss_func
+
+        return output, partial(token_loss_func, loss_mask)
     return output, partial(_loss_func, loss_mask)
 
 
@@ -118,6 +122,10 @@ def _reduce_loss(losses_reduced: list[dict[str, Any]], device: Any) -> float:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
+    if losses_reduced and losses_reduced[0]["lm loss"].dim() == 1:  # per-token (SFT)
+        from llmctl.train.token_loss import reduce_token_loss
+
+        return reduce_token_loss(losses_reduced, device)
     if losses_reduced:
         local = torch.stack([x["lm loss"].float() for x in losses_reduced]).mean()
     else:
@@ -149,7 +157,13 @@ class Trainer:
         recipe = check_precision(cfg.precision, has_cuda=self.on_gpu, has_te=use_te)
         self.recipe = recipe
         self.config = model_mod.transformer_config(
-            cfg.model, layout, cfg.precision, recipe, on_gpu=self.on_gpu, use_te=use_te
+            cfg.model,
+            layout,
+            cfg.precision,
+            recipe,
+            on_gpu=self.on_gpu,
+            use_te=use_te,
+            per_token_loss=bool(getattr(data_spec, "sft", False)),
         )
         chunks = model_mod.build_model_chunks(
             cfg.model, self.config, layout, use_te=use_te, seed=cfg.train.seed

@@ -63,6 +63,7 @@ def transformer_config(
     *,
     on_gpu: bool,
     use_te: bool = False,
+    per_token_loss: bool = False,
 ) -> Any:
     """megatron `TransformerConfig` for the model, layout and precision.
 
@@ -73,6 +74,7 @@ def transformer_config(
         recipe: The checked precision recipe.
         on_gpu: Whether CUDA (and the fused paths) are in use.
         use_te: Whether the Transformer Engine layer spec is used (enables TE-only fusions).
+        per_token_loss: megatron's `calculate_per_token_loss` (SFT; llmctl.train.token_loss).
     """
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -107,6 +109,7 @@ def transformer_config(
         pipeline_dtype=prec["params_dtype"] if layout.pp > 1 else None,
         deallocate_pipeline_outputs=True,
         variable_seq_lengths=False,
+        calculate_per_token_loss=per_token_loss,
         **_recompute_kwargs(layout),
         **_device_kwargs(model, on_gpu=on_gpu, use_te=use_te),
         **prec,

@@ -83,11 +83,12 @@ def _batch(trainer, n: int = 4):
 
 
 def _loss_and_grads(model, batch, labels):
-    from llmctl.train.loop import _loss_func
+    from llmctl.train.token_loss import token_loss_func
 
     model.zero_grad_buffer()
     out = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=labels)
-    loss, _ = _loss_func(batch["loss_mask"], out)
+    loss, count, _ = token_loss_func(batch["loss_mask"], out)
+    loss = loss / count
     loss.backward()
     grads = {n: p.main_grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     return loss.detach().clone(), grads
@@ -266,3 +267,29 @@ def test_fine_tuned_tiny_model_learns_the_task(tmp_path):
     assert val[25] > floor  # still at or above the prompt-ignoring floor early on
     assert val[200] < 0.5 * floor, val  # then well below it: the mapping is learned
     assert val[200] < val[100] < val[25]
+
+
+def test_loss_weights_every_trained_token_the_same_whatever_the_micro_batch(packs, tmp_path):
+    """Per-token loss (megatron's calculate_per_token_loss): micro-batches of 4 and of 2 give
+    the same steps, although their micro-batches hold different numbers of response tokens."""
+    import torch
+
+    from llmctl.train import run_in_process
+    from llmctl.train.rundir import create_run_dir
+
+    losses = {}
+    for mbs in (4, 2):
+        run_dir = tmp_path / f"mbs{mbs}"
+        cfg = _cfg(packs, run_dir, "train.train_iters=4", "train.eval_interval=2",
+                   f"parallel.micro_batch_size={mbs}")  # fmt: skip
+        create_run_dir(cfg, None)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            result = run_in_process(cfg, run_dir)
+        finally:
+            torch.set_num_threads(threads)
+        losses[mbs] = (result.losses, list(result.val_losses.values()))
+    assert losses[2][0] == pytest.approx(losses[4][0], abs=1e-5)
+    assert losses[2][1] == pytest.approx(losses[4][1], abs=1e-5)
+    assert losses[4][0][-1] < losses[4][0][0]
