@@ -571,6 +571,9 @@ def export_hf(
     )
 
 
+EXPORT_MARKER = "llmctl_export.json"  # what `llmctl export` wrote: --force may replace it
+
+
 def export_run(
     run_dir: Path,
     out: Path,
@@ -587,10 +590,10 @@ def export_run(
     """
     if out.exists() and any(out.iterdir()) and not force:
         raise UserError(f"output {out} already exists; choose another --out or pass --force")
-    if force and out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+    if force and out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
         raise UserError(
-            f"output {out} is not a model directory (no config.json); --force replaces only "
-            "llmctl's own outputs: choose another --out"
+            f"output {out} was not written by llmctl export (no {EXPORT_MARKER}); --force "
+            "replaces only llmctl's own outputs: choose another --out"
         )
     log = out.parent / f".{out.name}.export.log"
     with third_party_output_to(log):
@@ -600,4 +603,5 @@ def export_run(
         result = export_hf(ckpt, out, progress=progress)
     if log.is_file():
         log.replace(out / "export.log")
+    (out / EXPORT_MARKER).write_text(json.dumps(result.as_dict(), indent=2) + "\n")
     return result

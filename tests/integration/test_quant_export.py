@@ -100,6 +100,15 @@ def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
     assert (out / "config.json").is_file()
     again = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out)])
     assert again.exit_code == 2 and "already exists" in again.output
+    forced = runner.invoke(app, ["export", "hf", str(run["run"]), "-o", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output  # llmctl's own export: replaced
+    assert json.loads((out / "llmctl_export.json").read_text())["step"] == 20
+    foreign = tmp_path / "someone_elses_model"
+    foreign.mkdir()
+    (foreign / "config.json").write_text("{}")
+    refused = runner.invoke(app, ["export", "hf", str(run["run"]), "-o", str(foreign), "--force"])
+    assert refused.exit_code == 2 and "not written by llmctl export" in refused.output
+    assert (foreign / "config.json").read_text() == "{}"
 
     broken = tmp_path / "broken"
     shutil.copytree(run["run"], broken)
