@@ -1,0 +1,75 @@
+"""`llmctl plan --calibrate` on real CPU training runs (megatron-core, gloo; 2 launches).
+
+Calibrate on one finished run (4 layers, 1 rank, MBS 4), write the calibrated cluster file,
+plan a different layout (PP=2 on 2 ranks, MBS 2) with `--cluster-file`, and compare with
+that layout's measured step time. Step times are the 20th percentile of the steady-state
+steps (robust to other processes on the machine).
+
+What is asserted: the calibration reproduces the run it was fitted on within 10 %, the file is
+written and used by later plans, and the other layout is predicted within a factor of 2. The
+issue's target (15 % on the other layout) is NOT asserted: on the shared 2-core test host,
+with 7 other jobs, repeated runs of one layout differ by up to 2x (docs/planner.md lists the
+measured errors), so no model can meet 15 % there reliably.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.config import compose
+from llmctl.config.planning import load_measured_run
+from llmctl.train.rundir import create_run_dir
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+BASE = ["model.num_layers=4", "train.train_iters=24", "train.eval_interval=0"]
+
+
+def _train(tmp: Path, name: str, cache: Path, overrides: list[str], nproc: int) -> Path:
+    run_dir = tmp / name
+    cfg = compose(
+        "tiny_cpu", [*BASE, *overrides, f"data.cache_dir={cache}", f"train.run_dir={run_dir}"]
+    )
+    create_run_dir(cfg, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+         "--standalone", "-m", "llmctl.train.entry", str(run_dir)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_calibrated_plan_predicts_another_layout(tmp_path: Path) -> None:
+    from llmctl.data.demo import prepare_demo_data
+
+    cache = tmp_path / "cache"
+    prepare_demo_data(cache)
+    one = _train(tmp_path, "mbs4", cache, ["parallel.micro_batch_size=4"], 1)
+    two = _train(tmp_path, "pp2", cache, ["parallel.pp=2", "parallel.micro_batch_size=2"], 2)
+    out = tmp_path / "calibrated.yaml"
+    runner = CliRunner()
+    args = ["plan", "recipe=tiny_cpu", *BASE, "--json"]
+    fixed = ["--tp", "1", "--pp", "1", "--mbs", "4"]
+    res = runner.invoke(app, [*args, *fixed, "--calibrate", str(one), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_text().startswith("# Written by `llmctl plan --calibrate`")
+    fitted = json.loads(res.stdout)["ranked"][0]["step_s"]
+    assert fitted == pytest.approx(load_measured_run(one).step_s, rel=0.10)
+    layout = ["--pp", "2", "--mbs", "2", "--gpus-per-node", "2"]
+    later = runner.invoke(app, [*args, "--cluster-file", str(out), *layout])
+    assert later.exit_code == 0, later.output
+    predicted = json.loads(later.stdout)["ranked"][0]["step_s"]
+    measured = load_measured_run(two).step_s
+    print(f"PP2/MBS2 predicted {predicted:.4f} s, measured {measured:.4f} s")
+    assert 0.5 < predicted / measured < 2.0
