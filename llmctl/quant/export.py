@@ -48,7 +48,7 @@ from typing import Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
-from llmctl.progress import NO_PROGRESS, Progress, third_party_output_to
+from llmctl.progress import NO_PROGRESS, Phase, Progress, third_party_output_to
 from llmctl.train.ckpt_safe import weights_only_loads
 
 DEFAULT_MAX_SHARD_BYTES = 2 << 30
@@ -514,13 +514,19 @@ class ExportResult:
         }
 
 
-def _write_dir(ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int) -> tuple[int, list[str]]:
+def _write_dir(
+    ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int, phase: Phase | None = None
+) -> tuple[int, list[str]]:
+    phase = phase or Phase()  # three steps: load, convert and write
     model = ckpt.model
     arch = check_exportable(model)
     convert, make_config = (
         (megatron_to_hf_llama, llama_config) if arch != GPT2 else (megatron_to_hf_gpt2, gpt2_config)
     )
-    state = convert(load_model_tensors(ckpt.path), model)
+    loaded = load_model_tensors(ckpt.path)
+    phase.advance()
+    state = convert(loaded, model)
+    phase.advance()
     max_len = int(model.max_position_embeddings or model.seq_length)
     eos_id = write_tokenizer(ckpt.tokenizer, staging, max_len) if ckpt.tokenizer else None
     embed = "model.embed_tokens.weight" if arch != GPT2 else "transformer.wte.weight"
@@ -529,6 +535,7 @@ def _write_dir(ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int) -> tupl
     generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "do_sample": False}
     (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     shards = write_safetensors(state, staging, max_shard_bytes)
+    phase.advance()
     return sum(int(t.numel()) for t in state.values()), shards
 
 
@@ -552,8 +559,8 @@ def export_hf(
 
     staging = staging_dir(out)
     try:
-        with progress.phase(f"export step {ckpt.step} to Hugging Face"):
-            num_params, shards = _write_dir(ckpt, staging, max_shard_bytes)
+        with progress.phase(f"export step {ckpt.step}: load, convert, write", 3) as phase:
+            num_params, shards = _write_dir(ckpt, staging, max_shard_bytes, phase)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)

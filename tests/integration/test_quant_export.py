@@ -100,8 +100,14 @@ def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
     assert (out / "config.json").is_file()
     again = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out)])
     assert again.exit_code == 2 and "already exists" in again.output
-    forced = runner.invoke(app, ["export", "hf", str(run["run"]), "-o", str(out), "--force"])
+    forced = runner.invoke(
+        app, ["export", "hf", str(run["run"]), "-o", str(out), "--force", "--json"],
+        env={"LLMCTL_PROGRESS": "1", "COLUMNS": "120"},  # CliRunner's stderr is no terminal
+    )  # fmt: skip
     assert forced.exit_code == 0, forced.output  # llmctl's own export: replaced
+    assert json.loads(forced.stdout)["step"] == 20  # stdout: the JSON only
+    for shown in ("validate checkpoint", "load, convert, write", "3/3", "ETA"):
+        assert shown in forced.stderr, forced.stderr
     assert json.loads((out / "llmctl_export.json").read_text())["step"] == 20
     foreign = tmp_path / "someone_elses_model"
     foreign.mkdir()
