@@ -8,6 +8,16 @@ common LSH bucket (candidate recall), per tool, and llmctl's end-to-end dedup (w
 verification) recall and precision per similarity band.
 
     RAYON_NUM_THREADS=1 python benchmarks/data_dedup.py [--num-bases 2500 --num-plain 5000]
+    python benchmarks/data_dedup.py --end-to-end-only --sizes 100 1000 10000   # + datatrove
+
+End to end (`--sizes`): each tool as a user runs it, in a fresh process, from a JSONL file to
+the kept documents on disk, one worker: `llmctl data dedup -j 1` (exact + fuzzy, exact
+verification), a rensa script (RMinHash per document, RMinHashLSH query-then-insert, its
+README's pattern), a datasketch script (the same with MinHashLSH), and datatrove's 4-stage
+MinHash pipeline (signatures, buckets, clusters, filter; LocalPipelineExecutor, 1 task). All
+with word 5-grams, 120 permutations as 20 bands x 6 rows. CPU time (user + sys of the process
+tree) and wall time, best of --repeats interleaved runs; ratios are peer / llmctl.
+datatrove is not a project dependency: `pip install datatrove` (0.10.1 pulls no torch).
 """
 
 from __future__ import annotations
@@ -15,6 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -132,6 +145,157 @@ def end_to_end(planted, work: Path) -> dict:
             "bands": bands, "precision": report.precision}  # fmt: skip
 
 
+_MEASURE = """
+import json, resource, subprocess, sys, time
+t = time.perf_counter()
+rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+wall = time.perf_counter() - t
+use = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": rc, "wall_s": wall, "cpu_s": use.ru_utime + use.ru_stime}))
+"""
+
+_SHINGLES = """
+import json, sys
+inp, out = sys.argv[1], sys.argv[2]
+with open(inp) as f:
+    records = [json.loads(line) for line in f]
+def shingles(t):
+    w = t.split()
+    return [" ".join(w[i : i + 5]) for i in range(len(w) - 4)] or [" ".join(w)]
+"""
+
+RENSA_SCRIPT = (
+    _SHINGLES
+    + """
+from rensa import RMinHash, RMinHashLSH
+lsh = RMinHashLSH(threshold=0.8, num_perm=120, num_bands=20)
+with open(out, "w") as g:
+    for i, r in enumerate(records):
+        m = RMinHash(num_perm=120, seed=1)
+        m.update(shingles(r["text"]))
+        if lsh.query(m):
+            continue
+        lsh.insert(i, m)
+        g.write(json.dumps(r) + "\\n")
+"""
+)
+
+DATASKETCH_SCRIPT = (
+    _SHINGLES
+    + """
+from datasketch import MinHash, MinHashLSH
+lsh = MinHashLSH(num_perm=120, params=(20, 6))
+with open(out, "w") as g:
+    for i, r in enumerate(records):
+        m = MinHash(num_perm=120, seed=1)
+        m.update_batch([s.encode() for s in shingles(r["text"])])
+        if lsh.query(m):
+            continue
+        lsh.insert(str(i), m)
+        g.write(json.dumps(r) + "\\n")
+"""
+)
+
+DATATROVE_SCRIPT = """
+import sys
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets,
+    MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature)
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.writers import JsonlWriter
+import xxhash
+import datatrove.utils.hashes.xxhash as dt_xxhash
+# xxhash 4 takes bytes only; datatrove 0.10.1 passes str (xxhash 3 encoded it as UTF-8)
+dt_xxhash.xxhash64 = lambda d: xxhash.xxh64_intdigest(d.encode() if isinstance(d, str) else d)
+inp_dir, work = sys.argv[1], sys.argv[2]
+cfg = MinhashConfig(n_grams=5, num_buckets=20, hashes_per_bucket=6, seed=1)
+def reader():
+    return JsonlReader(inp_dir, glob_pattern="*.jsonl")
+run = dict(tasks=1, workers=1, skip_completed=False)
+LocalPipelineExecutor([reader(), MinhashDedupSignature(f"{work}/sigs", config=cfg)],
+                      logging_dir=f"{work}/l1", **run).run()
+LocalPipelineExecutor([MinhashDedupBuckets(f"{work}/sigs", f"{work}/buckets", config=cfg)],
+                      logging_dir=f"{work}/l2", tasks=cfg.num_buckets, workers=1,
+                      skip_completed=False).run()
+LocalPipelineExecutor([MinhashDedupCluster(f"{work}/buckets", f"{work}/ids", config=cfg)],
+                      logging_dir=f"{work}/l3", **run).run()
+LocalPipelineExecutor([reader(), MinhashDedupFilter(f"{work}/ids"),
+                       JsonlWriter(f"{work}/out", compression=None)],
+                      logging_dir=f"{work}/l4", **run).run()
+"""
+
+
+def measure_cmd(cmd: list[str]) -> dict:
+    """Wall and CPU (user + sys of the whole process tree) of one fresh process."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["rc"] != 0:
+        raise RuntimeError(f"failed: {' '.join(cmd[:4])}: {out.stderr[-2000:]}")
+    return result
+
+
+def end_to_end_tools(inp: Path, work: Path) -> dict[str, list[str]]:
+    """The command line of each tool on one input."""
+    py = sys.executable
+    folder = work / f"dt_in_{inp.stem}"
+    folder.mkdir(exist_ok=True)
+    if not (folder / inp.name).exists():
+        (folder / inp.name).symlink_to(inp)
+    tools = {
+        "llmctl": [py, "-m", "llmctl", "data", "dedup", str(inp), "-o", str(work / "out_llmctl"),
+                   "-j", "1", "--force"],
+        "rensa": [py, "-c", RENSA_SCRIPT, str(inp), str(work / "out_rensa.jsonl")],
+        "datasketch": [py, "-c", DATASKETCH_SCRIPT, str(inp), str(work / "out_ds.jsonl")],
+        "datatrove": [py, "-c", DATATROVE_SCRIPT, str(folder), str(work / "dt_work")],
+    }  # fmt: skip
+    try:
+        import datatrove  # noqa: F401
+    except ImportError:
+        del tools["datatrove"]
+    return tools
+
+
+def tools_end_to_end(args: argparse.Namespace) -> list[dict]:
+    """Every tool on planted corpora of each size; ratios of CPU and wall time to llmctl's."""
+    from llmctl.data.synthetic import planted_corpus
+
+    rows = []
+    for size in args.sizes:
+        inp = args.work / f"planted_{size}.jsonl"
+        if not inp.exists():
+            p = planted_corpus(num_bases=size // 4, num_plain=size // 2, seed=11)
+            inp.write_text("".join(json.dumps({"text": t, "id": str(i)}) + "\n"
+                                   for i, t in enumerate(p.texts)))  # fmt: skip
+        tools = end_to_end_tools(inp, args.work)
+        best: dict[str, dict] = {}
+        for _ in range(args.repeats):
+            for name, cmd in tools.items():
+                if name == "datasketch" and size > 2000 and name in best:
+                    continue
+                shutil.rmtree(args.work / "dt_work", ignore_errors=True)
+                m = measure_cmd(cmd)
+                old = best.get(name, {"wall_s": float("inf"), "cpu_s": float("inf")})
+                best[name] = {k: min(old[k], m[k]) for k in ("wall_s", "cpu_s")}
+        ours = best["llmctl"]
+        ratios = {
+            name: {
+                **b,
+                "cpu_ratio": b["cpu_s"] / ours["cpu_s"],
+                "wall_ratio": b["wall_s"] / ours["wall_s"],
+            }
+            for name, b in best.items()
+        }
+        row = {
+            "docs": size,
+            "mb": inp.stat().st_size / 1e6,
+            "loadavg": os.getloadavg()[0],
+            **ratios,
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     from llmctl.data.synthetic import planted_corpus
 
@@ -140,8 +304,15 @@ def main() -> None:
     parser.add_argument("--num-plain", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/llmctl-bench-dedup"))
+    parser.add_argument("--sizes", type=int, nargs="*", default=[], help="end-to-end corpora")
+    parser.add_argument("--end-to-end-only", action="store_true")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.sizes:
+        rows = tools_end_to_end(args)
+        (args.work / "end_to_end.json").write_text(json.dumps(rows, indent=2))
+        if args.end_to_end_only:
+            return
     planted = planted_corpus(num_bases=args.num_bases, num_plain=args.num_plain, seed=11)
     texts = planted.texts
     sims = np.array(planted.jaccard)
