@@ -105,3 +105,23 @@ def test_cluster_probe_plans_for_this_host_and_names_a_missing_peak() -> None:
         assert "add peak_tflops.fp8" in fp8.output and "--cluster-file" in fp8.output
     else:
         assert fp8.exit_code == 0, fp8.output
+
+
+def test_old_gbps_cluster_keys_still_load(tmp_path: Path) -> None:
+    """Cluster files written before the *_gbps -> *_gb_s rename (they hold GB/s) still load,
+    as --cluster-file and inside a saved run's config.yaml."""
+    import yaml
+
+    from llmctl.config.compose import cfg_to_yaml, load_resolved
+
+    cfg = compose("tiny_cpu", [])
+    text = cfg_to_yaml(cfg)
+    for name in ("hbm", "nvlink", "internode"):
+        text = text.replace(f"{name}_bandwidth_gb_s:", f"{name}_bandwidth_gbps:")
+    old = tmp_path / "config.yaml"
+    old.write_text(text)
+    assert load_resolved(old).cluster == cfg.cluster
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(yaml.safe_load(text)["cluster"]))
+    res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "--cluster-file", str(cluster), "--json"])
+    assert res.exit_code == 0, res.output
