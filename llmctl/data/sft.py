@@ -43,6 +43,7 @@ import hashlib
 import json
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -542,23 +543,36 @@ def _commit(
     shutil.rmtree(work)
 
 
-def run_sft(cfg: SftConfig, show_progress: bool = True) -> dict[str, Any]:
-    """`llmctl data sft`: `build_sft` with a progress line on stderr; returns the summary."""
+def run_sft(cfg: SftConfig, show_progress: bool = True, interval_s: float = 10.0) -> dict[str, Any]:
+    """`llmctl data sft`: `build_sft` with progress on stderr; returns the summary.
+
+    On a terminal a rich line redraws in place; otherwise (logs, SLURM) a plain line is printed
+    every `interval_s` seconds, so long runs show they are alive.
+    """
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    tty = sys.stderr.isatty()
     bar = Progress(
         SpinnerColumn(),
         TextColumn("[bold]sft[/] {task.fields[info]}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
-        disable=not (show_progress and sys.stderr.isatty()),
+        disable=not (show_progress and tty),
     )
     task = bar.add_task("sft", total=None, info="")
+    start = last = time.monotonic()
 
     def update(examples: int, tokens: int) -> None:
-        if examples % 256 == 0:
-            bar.update(task, info=f"{examples:,} examples {tokens:,} tokens")
+        nonlocal last
+        if examples % 256:
+            return
+        info = f"{examples:,} examples {tokens:,} tokens"
+        bar.update(task, info=info)
+        now = time.monotonic()
+        if show_progress and not tty and now - last >= interval_s:
+            last = now
+            print(f"sft: {info} {examples / (now - start):,.0f} examples/s", file=sys.stderr)
 
     with bar:
         summary = build_sft(cfg, on_progress=update)

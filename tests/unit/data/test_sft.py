@@ -290,3 +290,22 @@ def test_template_that_refuses_a_conversation_names_the_line(tok_dir, tmp_path):
                       seq_length=32)
         )  # fmt: skip
     assert not list(tmp_path.glob("o*"))
+
+
+def test_progress_lines_in_logs_and_gz_input(tok_dir, tmp_path, capsys):
+    import gzip
+
+    from llmctl.data.sft import run_sft
+
+    lines = "".join(json.dumps(r) + "\n" for r in translate_examples(600))
+    src = tmp_path / "a.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        f.write(lines)
+    cfg = SftConfig(inputs=[str(tmp_path)], output_prefix=str(tmp_path / "o"),
+                    tokenizer=str(tok_dir), seq_length=48, dry_run=True)  # fmt: skip
+    summary = run_sft(cfg, interval_s=0.0)
+    err = capsys.readouterr().err.splitlines()
+    assert summary["num_examples"] == 600
+    assert [x.split(" examples")[0] for x in err] == ["sft: 256", "sft: 512"]
+    run_sft(cfg, show_progress=False, interval_s=0.0)
+    assert capsys.readouterr().err == ""
