@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]  # train launches torchrun
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 DRY_RUN_ONLY = ("launcher=slurm", "launcher=torchrun")
