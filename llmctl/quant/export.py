@@ -595,8 +595,10 @@ def export_run(
     Third-party warnings go to OUT/export.log (kept as .OUT.export.log if the export fails),
     not the console, unless `-v`.
     """
-    if out.exists() and any(out.iterdir()) and not force:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise UserError(f"output {out} already exists; choose another --out or pass --force")
+    if force and out.exists() and not out.is_dir():
+        raise UserError(f"output {out} is a file, not an llmctl output: choose another --out")
     if force and out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
         raise UserError(
             f"output {out} was not written by llmctl export (no {EXPORT_MARKER}); --force "

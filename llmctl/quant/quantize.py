@@ -145,6 +145,8 @@ def _check_out(request: QuantRequest) -> None:
     out = request.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not request.force:
         raise UserError(f"output {out} already exists; choose another --out or pass --force")
+    if request.force and out.exists() and not out.is_dir():
+        raise UserError(f"output {out} is a file, not an llmctl output: choose another --out")
     if request.force and out.is_dir() and any(out.iterdir()) and not _llmctl_wrote(out):
         raise UserError(
             f"output {out} was not written by llmctl quantize (no {REPORT_FILE}); "

@@ -192,3 +192,9 @@ def test_force_never_replaces_what_llmctl_did_not_write(hf_dir: Path, tmp_path: 
     code, text = _quantize(*args)
     assert code == 2 and "not written by llmctl quantize" in text
     assert (mine / "notes.txt").read_text() == "keep me"
+    a_file = tmp_path / "model.txt"
+    a_file.write_text("keep me too")
+    args = [str(hf_dir), "--out", str(a_file), "--preset", "w8a16_rtn", "--dry-run", "--force"]
+    code, text = _quantize(*args)
+    assert code == 2 and "is a file, not an llmctl output" in text
+    assert a_file.read_text() == "keep me too"
