@@ -133,4 +133,5 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
         )
     else:
         state = "finished" if result["exit_code"] == 0 else f"failed (exit {result['exit_code']})"
-        typer.echo(f"run {state}; run dir {result['run_dir']}")
+        why = f": {result['reason']}" if result.get("reason") else ""
+        typer.echo(f"run {state}{why}; run dir {result['run_dir']}")

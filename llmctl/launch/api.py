@@ -302,16 +302,34 @@ def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict
     return result
 
 
+_LAUNCH_RESERVE = 2048  # trailing spaces: room for the final record on a disk that fills up
+
+
 def _write_launch(run_dir: Path, record: dict[str, Any]) -> None:
-    """Replace launch.json atomically; on a full or failing disk keep the old one, say so."""
+    """Replace launch.json atomically, with room reserved for the final record.
+
+    On a full disk the atomic replace fails; the final record (exit code) then overwrites the
+    file in place, inside the space the first record reserved (JSON allows trailing blanks).
+    """
     path = run_dir / LAUNCH_FILE
+    text = json.dumps(record, indent=2) + "\n"
     tmp = path.with_name(f".{LAUNCH_FILE}.tmp")
     try:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.write_text(text + " " * _LAUNCH_RESERVE)
         os.replace(tmp, path)
+        return
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        print(f"llmctl: cannot write {path} ({e.strerror})", file=sys.stderr, flush=True)
+        error = e
+    data = text.encode()
+    try:
+        if path.is_file() and path.stat().st_size >= len(data):
+            with path.open("r+b") as f:
+                f.write(data + b" " * (path.stat().st_size - len(data)))
+            return
+    except OSError as e:
+        error = e
+    print(f"llmctl: cannot write {path} ({error.strerror})", file=sys.stderr, flush=True)
 
 
 def read_launch(run_dir: str | Path) -> dict[str, Any]:

@@ -292,9 +292,27 @@ def _wrapped_async_fn(
             die_with_parent(signal.SIGKILL, trainer_pid)
         if fn is not None:
             fn(*args, **kwargs)
-        _write_rank_files(ckpt_dir, rank, rng, train_state)
+        try:
+            _write_rank_files(ckpt_dir, rank, rng, train_state)
+        except OSError as e:  # no marker: the commit fails and the failed-save policy decides
+            log.error("rank %d: cannot write its checkpoint files (%s)", rank, describe_error(e))
 
     return run
+
+
+def save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises: any Exception, and torch's CheckpointException, which is a
+    BaseException (megatron re-raises a writer's OSError as one)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def describe_error(e: BaseException) -> str:
+    """One line: the type and the last line of the message (CheckpointException carries whole
+    tracebacks of the failed ranks; their last line names the cause, e.g. ENOSPC)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
 
 
 class DistCheckpointer:
@@ -586,8 +604,8 @@ class DistCheckpointer:
                     async_sharded_save=True,
                     validate_access_integrity=not self.validated_once,
                 )
-        except Exception as e:
-            self._record_failure(state.step, tmp, f"{type(e).__name__}: {e}")
+        except save_errors() as e:
+            self._record_failure(state.step, tmp, describe_error(e))
             return
         self.validated_once = True
         train_state = self._train_state(state, header) if self.rank == 0 else None
@@ -601,16 +619,16 @@ class DistCheckpointer:
             try:
                 with _preempt_signals_deferred():
                     self.queue.schedule_async_request(req)
-            except Exception as e:  # e.g. fork() failing for lack of memory
-                pending.error = f"{type(e).__name__}: {e}"
+            except save_errors() as e:  # e.g. fork() failing for lack of memory
+                pending.error = describe_error(e)
                 self.queue = None
                 self._settle()
         else:
             try:
                 with _preempt_signals_deferred():
                     req.execute_sync()
-            except Exception as e:
-                pending.error = f"{type(e).__name__}: {e}"
+            except save_errors() as e:
+                pending.error = describe_error(e)
             self._settle()
         self.blocked_s.append(time.perf_counter() - t0)
 
@@ -627,7 +645,7 @@ class DistCheckpointer:
                 if gone:
                     log.info("retention removed checkpoints of steps %s", gone)
             except Exception as e:
-                error = f"{type(e).__name__}: {e}"
+                error = describe_error(e)
         error = self._bcast(error)
         pending.committed, pending.error = error is None, error
 
@@ -635,8 +653,8 @@ class DistCheckpointer:
         assert self.queue is not None and self.pending is not None
         try:
             done = self.queue.maybe_finalize_async_calls(blocking=blocking)
-        except Exception as e:  # megatron raises the same CheckpointException on every rank
-            done, self.pending.error = [0], f"{type(e).__name__}: {e}"
+        except save_errors() as e:  # megatron raises the same CheckpointException on every rank
+            done, self.pending.error = [0], describe_error(e)
         if done or blocking:
             self._settle()
 

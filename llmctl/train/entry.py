@@ -24,15 +24,33 @@ from pathlib import Path
 EXIT_LINE = "llmctl: rank {rank} exits {code}: {message}"
 
 
+class _RankLogFile(logging.FileHandler):
+    """rank<N>.log that a full or failing disk cannot turn into a traceback per record.
+
+    The first failed write says so in one line on stderr; later records go to the other
+    handlers only. What to do about the disk is the checkpointer's failed-save policy.
+    """
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            print(f"llmctl: cannot write {self.baseFilename}; rank log stopped", file=sys.stderr)
+
+
 def _setup_logging(run_dir: Path, rank: int) -> None:
     logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    file_handler = logging.FileHandler(logs / f"rank{rank}.log")
-    file_handler.setFormatter(fmt)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    root.addHandler(file_handler)
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        file_handler = _RankLogFile(logs / f"rank{rank}.log")
+        file_handler.setFormatter(fmt)
+        root.addHandler(file_handler)
+    except OSError as e:
+        print(f"llmctl: cannot open the rank log in {logs} ({e.strerror})", file=sys.stderr)
     if rank == 0:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(logging.Formatter("%(message)s"))

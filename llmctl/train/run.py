@@ -6,6 +6,7 @@ does that for one rank so tests and notebooks can train without torchrun.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import resource
@@ -123,12 +124,24 @@ class _Observer:
             consumed_samples=consumed,
             val_loss=val_loss,
         )
-        assert self.metrics is not None
-        self.metrics.write(asdict(m))
+        self._write_metrics(asdict(m))
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in asdict(m).items() if v is not None}, step=step)
         eta = steady_state_step_s(self.step_times) * (self.total - step)
         self.panel.update(m, eta)
+
+    def _write_metrics(self, record: dict[str, Any]) -> None:
+        """Append to metrics.jsonl; a full or failing disk is logged once, not fatal (the
+        checkpointer's failed-save policy decides whether the run goes on)."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.write(record)
+        except OSError as e:
+            log.error("cannot write metrics.jsonl (%s); metrics of later steps are lost", e)
+            with contextlib.suppress(OSError):
+                self.metrics.close()
+            self.metrics = None
 
     def _sample_mem(self) -> float | None:
         now = _mem_gib(self.on_gpu)
@@ -159,7 +172,8 @@ class _Observer:
 
     def close(self) -> None:
         if self.metrics is not None:
-            self.metrics.close()
+            with contextlib.suppress(OSError):  # a full disk: already reported
+                self.metrics.close()
         if self.wandb is not None:
             self.wandb.finish()
 
