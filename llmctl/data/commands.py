@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.data.choices import Launcher
 from llmctl.data.outputs import (
     OutputLock,
+    check_collisions,
     check_dir_target,
     check_file_targets,
     commit_dir,
@@ -108,6 +109,7 @@ def run_tokenizer_train(
 
     target = Path(out)
     check_dir_target(target, force, "tokenizer train")
+    check_collisions(target, ["tokenizer.json", "tokenizer_config.json"])
     with OutputLock(target):
         stage = new_stage(target)
         try:

@@ -340,6 +340,8 @@ class RunPlan:
     plan: dict[str, Any]
     work_dir: Path
     done: set[int]
+    command: dict[str, Any] | None = None
+    """How the run was started, when not by this process (a SLURM job records the submitter)."""
 
 
 def plan_run(cfg: PreprocessConfig, prefix: Path) -> RunPlan:
@@ -392,7 +394,7 @@ def finish_run(
     )
     if summary.num_docs == 0:
         raise UserError(f"no documents in {', '.join(cfg.inputs)} (problems: {summary.problems})")
-    _commit(cfg, prefix, run.work_dir, run.chunks, run.plan, summary, keep_logs)
+    _commit(cfg, prefix, run, summary, keep_logs)
     summary.elapsed_s = time.perf_counter() - started
     return summary
 
@@ -478,12 +480,11 @@ def _dedup_record(inputs: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _commit(
     cfg: PreprocessConfig,
     prefix: Path,
-    work_dir: Path,
-    chunks: list[Chunk],
-    plan: dict[str, Any],
+    run: RunPlan,
     summary: PreprocessSummary,
     keep_logs: bool = False,
 ) -> None:
+    work_dir, chunks, plan = run.work_dir, run.chunks, run.plan
     shards = [work_dir / f"shard_{c.index:06d}" for c in chunks]
     merged = work_dir / "merged"
     if len(shards) == 1:
@@ -509,7 +510,7 @@ def _commit(
         "problem_examples": summary.problems["examples"],
         "dedup": cfg.dedup or _dedup_record(plan["inputs"]),
         "drop_empty": cfg.drop_empty,
-        "command": command_line(),
+        "command": run.command or command_line(),
     }
     write_json_atomic(work_dir / "manifest.json", manifest)
     moves = [

@@ -25,6 +25,7 @@ saved at submission (input checksums included) and do not re-hash the inputs.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -238,7 +239,9 @@ def load_preprocess_job(job_json: Path) -> tuple[PreprocessConfig, RunPlan]:
     ]
     path, kind, eod = data["spec"]
     spec = TokenizerSpec(Path(path), TokenizerKind(kind), eod)
-    return cfg, RunPlan(spec, Tokenizer(spec), chunks, data["plan"], job_json.parent, set())
+    run = RunPlan(spec, Tokenizer(spec), chunks, data["plan"], job_json.parent, set())
+    run.command = {**data["command"], "slurm_job": os.environ.get("SLURM_JOB_ID")}
+    return cfg, run
 
 
 def submit_preprocess(

@@ -69,6 +69,8 @@ def test_array_preprocess_matches_local(tmp_path: Path) -> None:
     manifest = json.loads(Path(f"{prefix}.manifest.json").read_text())
     assert manifest["counts"]["documents"] == summary.num_docs == len(texts) + 31
     assert manifest["counts"]["empty_documents"] == 1
+    assert manifest["command"]["argv"][1:] == cmd[3:]  # the submitter's command line
+    assert manifest["command"]["slurm_job"]  # merged by a SLURM job
     names = sorted(p.name for p in Path(job["job_dir"]).iterdir())
     assert "job.json" in names and not [n for n in names if n.startswith("shard_")]
     assert len([n for n in names if n.startswith("slurm-")]) == job["num_tasks"] + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,5 @@ def test_preprocess_scripts_match_golden(name: str, opts: SlurmOptions) -> None:
     assert text == path.read_text()
     assert "#SBATCH --array=0-4" in scripts[PRE_ARRAY_SCRIPT]
     assert "preprocess-merge /shared/ds.llmctl-tmp/job.json" in scripts[PRE_FINAL_SCRIPT]
+    for text in scripts.values():  # valid bash, as sbatch will run it
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
