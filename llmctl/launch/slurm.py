@@ -169,6 +169,12 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
             '  [[ -n "${!name:-}" ]] || echo "llmctl: warning: secret $name is not set" >&2',
             "done",
         ]
+    if cfg.cluster.device == "cuda":  # refuse at once when a node differs from the plan
+        py = q(python_of(cfg))
+        lines += [
+            f'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 {py} -m llmctl.topology.preflight '
+            f"{q(str(run_dir))} || exit 2",
+        ]
     lines += _BODY.format(
         port=int(cfg.launcher.rdzv_port),
         cpus=cpus,

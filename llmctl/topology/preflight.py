@@ -118,3 +118,38 @@ def refusal(expected: Expected, nodes: Mapping[str, Topology]) -> str | None:
         f"hardware differs from the plan on {host}: {'; '.join(first)}{more}; "
         "fix the cluster description (llmctl topo --out) or the allocation"
     )
+
+
+def check_run_dir(run_dir: str) -> str | None:
+    """Probe this node and compare it with RUN_DIR/config.yaml's cluster (None = matches)."""
+    from llmctl.config.compose import load_resolved
+    from llmctl.topology.probe import probe
+
+    cfg = load_resolved(f"{run_dir}/config.yaml")
+    node = probe()
+    return refusal(expected_from_cluster(cfg.cluster), {node.hostname or "this node": node})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m llmctl.topology.preflight RUN_DIR`: exit 2 with one line on a mismatch."""
+    import sys
+
+    from llmctl.errors import UserError
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m llmctl.topology.preflight RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        line = check_run_dir(args[0])
+    except UserError as exc:
+        print(f"llmctl: preflight: {exc}", file=sys.stderr)
+        return 2
+    if line:
+        print(f"llmctl: {line}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -60,3 +60,40 @@ def test_gpu_less_node_is_refused() -> None:
         "no NVIDIA GPU (NVML Shared Library Not Found); the plan assumes GPUs"
     ]
     assert GpuInfo(index=0).name == ""
+
+
+def test_sbatch_runs_the_preflight_on_every_node_before_torchrun(tmp_path: Path) -> None:
+    from llmctl.launch.slurm import render_sbatch
+
+    layout = ["parallel.tp=4", "parallel.pp=8", "parallel.dp=2", "parallel.micro_batch_size=1"]
+    cfg = compose("llama3_70b_pretrain_64gpu_h100_fp8", ["launcher=slurm", *layout])
+    script = render_sbatch(cfg, tmp_path)
+    pre = script.index("-m llmctl.topology.preflight")
+    assert 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1' in script[:pre]
+    assert pre < script.index("torch.distributed.run")
+    cpu = render_sbatch(compose("tiny_cpu", ["launcher=slurm"]), tmp_path)
+    assert "llmctl.topology.preflight" not in cpu  # nothing to compare on a CPU cluster
+
+
+def test_preflight_on_this_gpu_less_host_refuses_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from llmctl.config.compose import cfg_to_yaml
+    from llmctl.topology.probe import probe
+
+    if probe().gpus:
+        return  # a GPU host: the comparison above covers it
+    (tmp_path / "config.yaml").write_text(
+        cfg_to_yaml(compose("llama3_70b_pretrain_64gpu_h100_fp8", []))
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmctl.topology.preflight", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmctl: hardware differs from the plan on ")
+    assert "no NVIDIA GPU" in lines[0]
