@@ -66,16 +66,29 @@ def _fill(mnt: Path) -> None:
                     break
 
 
-def test_full_disk_goes_through_failed_save_policy(small_fs: Path, tmp_path: Path) -> None:
+# (iters, interval, max_failed_saves, the line the user gets): the policy stop mid-run, and a
+# run whose final save fails (it must not end "finished" with its last steps in no checkpoint).
+CASES = {
+    "policy_stop": (400, 2, 2, "stopping: 2 consecutive checkpoint saves failed"),
+    "final_save": (12, 2, 9, "the final checkpoint (step 12) failed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_full_disk_goes_through_failed_save_policy(
+    case: str, small_fs: Path, tmp_path: Path
+) -> None:
+    iters, interval, max_failed, line = CASES[case]
     corpus = make_corpus(tmp_path / "data" / "corpus")  # off the small filesystem
     run_dir = small_fs / "run"
     mark, log = new_mark(), tmp_path / "cli.log"
     args = ["train", "recipe=tiny_cpu", "launcher=local", f"train.run_dir={run_dir}",
-            *base_overrides(corpus, 400), "checkpoint.interval=2", "checkpoint.keep_last=10",
-            "checkpoint.save_retries=0", "checkpoint.max_failed_saves=2"]  # fmt: skip
+            *base_overrides(corpus, iters), f"checkpoint.interval={interval}",
+            "checkpoint.keep_last=10", "checkpoint.save_retries=0",
+            f"checkpoint.max_failed_saves={max_failed}"]  # fmt: skip
     proc = start_cli(args, mark, log)
     try:
-        wait_until(lambda: store.read_latest(run_dir / "checkpoints") == 2, 240, "iter 2")
+        wait_until(lambda: (store.read_latest(run_dir / "checkpoints") or 0) >= 2, 240, "iter 2")
         _fill(small_fs)
         rc = proc.wait(timeout=240)
     finally:
@@ -87,11 +100,12 @@ def test_full_disk_goes_through_failed_save_policy(small_fs: Path, tmp_path: Pat
     assert "[rank0]: Traceback" not in out and "Process ForkProcess" not in out, out[-3000:]
     assert "llmctl/launch/" not in out, out[-3000:]
     last = out.strip().splitlines()[-1]
-    assert last.startswith("run failed (exit 3): stopping: 2 consecutive checkpoint saves failed")
-    assert "newest complete checkpoint is step 2" in last, last
+    assert last.startswith(f"run failed (exit 3): {line}"), last
+    kept = store.list_checkpoints(run_dir / "checkpoints", full=True)
+    assert kept and all(v.ok for v in kept), kept  # what was committed before the fault stays
+    assert f"newest complete checkpoint is step {kept[0].step}" in last, last
     assert launch_record(run_dir)["exit_code"] == 3  # written into the room it reserved
     assert_no_process_left(mark, 10)
     names = os.listdir(run_dir / "checkpoints")
     assert not [n for n in names if n.startswith(store.TMP_PREFIX)], names
-    assert [v.step for v in store.list_checkpoints(run_dir / "checkpoints", full=True)] == [2]
-    assert all(v.ok for v in store.list_checkpoints(run_dir / "checkpoints", full=True))
+    assert kept[0].step < (iters if case == "final_save" else 400)
