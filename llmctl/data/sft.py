@@ -171,19 +171,37 @@ def parse_example(line: str, where: str) -> tuple[str, list[dict[str, str]]]:
     raise _bad(where, "expected 'messages' (chat) or 'prompt' and 'completion'")
 
 
-def _open_text(path: Path) -> IO[str]:
+def _open_bytes(path: Path) -> IO[bytes]:
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every non-blank line; each line decoded on its own."""
+    with _open_bytes(path) as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UserError(f"{path}:{n}: not UTF-8 text") from None
+            if line.strip():
+                yield n, line
 
 
 def iter_examples(paths: list[Path]) -> Iterator[tuple[str, str, list[dict[str, str]]]]:
-    """(where, format, messages) for every non-blank line of every input, in order."""
+    """(where, format, messages) for every non-blank line of every input, in order.
+
+    Raises:
+        UserError: an unreadable file, a line that is not UTF-8, or bad content (see
+            `parse_example`), named by file and line.
+    """
     for path in paths:
-        with _open_text(path) as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    yield (f"{path}:{n}", *parse_example(line, f"{path}:{n}"))
+        try:
+            for n, line in _lines(path):
+                yield (f"{path}:{n}", *parse_example(line, f"{path}:{n}"))
+        except (OSError, EOFError) as e:  # EOFError: a truncated .gz
+            raise UserError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
 
 
 # ---------------------------------------------------------------- rendering and masks
@@ -466,7 +484,12 @@ def _run(
     writers = None
     if not cfg.dry_run:
         shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
+        try:
+            work.mkdir(parents=True)
+        except OSError as e:
+            raise UserError(
+                f"--out {cfg.output_prefix}: cannot write there ({e.strerror})"
+            ) from None
         writers = _Writers(work, indexed.token_dtype(renderer.vocab_size))
 
     def emit(tokens: np.ndarray, mask: np.ndarray, docs: np.ndarray) -> None:

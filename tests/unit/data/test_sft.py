@@ -309,3 +309,14 @@ def test_progress_lines_in_logs_and_gz_input(tok_dir, tmp_path, capsys):
     assert [x.split(" examples")[0] for x in err] == ["sft: 256", "sft: 512"]
     run_sft(cfg, show_progress=False, interval_s=0.0)
     assert capsys.readouterr().err == ""
+
+
+def test_non_utf8_line_is_named(tok_dir, tmp_path):
+    src = tmp_path / "a.jsonl"
+    good = json.dumps({"prompt": "translate: red", "completion": "blue"}).encode()
+    src.write_bytes(good + b"\n" + b'{"prompt": "\xff\xfe"}\n')
+    with pytest.raises(UserError, match=r"a\.jsonl:2: not UTF-8 text"):
+        build_sft(
+            SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "o"), tokenizer=str(tok_dir),
+                      seq_length=32)
+        )  # fmt: skip
