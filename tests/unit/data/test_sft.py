@@ -29,6 +29,19 @@ GENERATION_TEMPLATE = (
     "{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# A Llama-3-style template (BOS first, role headers, trimmed content, <|eot_id|>), plain and
+# with generation markers.
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+LLAMA3_GENERATION = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] | trim }}<|eot_id|>"
+    "{% endgeneration %}{% else %}{{ m['content'] | trim }}<|eot_id|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
 CHAT = [
     {"role": "system", "content": "answer with the partner words"},
     {"role": "user", "content": "translate: red fox"},
@@ -71,6 +84,33 @@ def test_tokens_are_the_templates_and_mask_matches_transformers(tok_dir, hf_tok)
     assert mask.tolist() == list(oracle["assistant_masks"])
     trained = hf_tok.decode([int(t) for t, m in zip(ids, mask, strict=True) if m])
     assert trained == "blue owl<|im_end|>\ntwo<|im_end|>\n"
+
+
+def test_llama3_style_template_mask_matches_transformers(tok_dir, hf_tok, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "llama3"
+    shutil.copytree(tok_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = LLAMA3_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    chat = [*CHAT[:2], {"role": "assistant", "content": " blue owl \n"}, *CHAT[3:]]
+    ids, mask = _renderer(folder).encode(chat, "x:1")
+    oracle = tok.apply_chat_template(
+        chat,
+        chat_template=LLAMA3_GENERATION,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    assert ids.tolist() == list(oracle["input_ids"])
+    assert mask.tolist() == list(oracle["assistant_masks"])
+    trained = tok.decode([int(t) for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == "blue owl<|eot_id|>two<|eot_id|>"
+    assert tok.decode(ids[:1].tolist()) == "<|endoftext|>" and mask[0] == 0  # BOS
 
 
 def test_prompt_completion_is_one_user_and_one_assistant_turn(tok_dir, hf_tok):
