@@ -233,12 +233,10 @@ class Tokenizer:
             np.add.at(lengths, owner, np.diff(off))
             parts.append(ids.astype(dtype))
             del ids, units
-        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-        del parts
+        eod_after = np.cumsum(lengths)[lengths > 0] if append_eod else np.zeros(0, np.int64)
+        flat = _assemble(parts, eod_after, self.eod, dtype)
         if append_eod:
-            nonempty = lengths > 0
-            flat = np.insert(flat, np.cumsum(lengths)[nonempty], np.asarray(self.eod, dtype))
-            lengths += nonempty
+            lengths += lengths > 0
         return flat, lengths.astype(np.int32)
 
     def _calls(self, texts: list[str]) -> Iterator[tuple[list[str], np.ndarray]]:
@@ -261,6 +259,28 @@ class Tokenizer:
                 size += len(piece)
         if units:
             yield units, np.asarray(owner, dtype=np.int64)
+
+
+def _assemble(parts: list[np.ndarray], eod_after: np.ndarray, eod: int, dtype: Any) -> np.ndarray:
+    """Concatenate `parts` (emptying the list) with an EOD after each stream position in
+    `eod_after`. Several parts (a cut document) are copied one at a time into an output whose
+    pages become resident only as they are written, each part freed once copied, so the peak is
+    about one copy of the ids rather than two."""
+    if len(parts) <= 1:
+        flat = parts.pop() if parts else np.zeros(0, dtype=dtype)
+        return np.insert(flat, eod_after, np.asarray(eod, dtype)) if len(eod_after) else flat
+    total = sum(len(p) for p in parts)
+    out = np.empty(total + len(eod_after), dtype=dtype)
+    start = 0
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        pos = np.arange(start, start + len(part), dtype=np.int64)
+        out[pos + np.searchsorted(eod_after, pos, side="right")] = part
+        start += len(part)
+        del part, pos
+    out[eod_after + np.arange(len(eod_after))] = eod
+    return out
 
 
 def iter_pieces(text: str, piece_chars: int) -> Iterator[str]:

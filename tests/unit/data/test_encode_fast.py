@@ -59,11 +59,14 @@ def test_long_documents_are_cut_without_changing_ids(
     doc = "".join(corpus_texts[:20]) + " tail\u00e9  \n"
     assert len(list(iter_pieces(doc, 400))) > 100
     assert "".join(iter_pieces(doc, 400)) == doc
-    want = _reference(hf_tokenizer, [doc, "short one"])
+    texts = [doc, "", "short one", doc[::-1], ""]  # over 256k characters: several calls
+    want = _reference(hf_tokenizer, texts)
     for engine in (Engine.FASTOKENS, Engine.REFERENCE):
         tok = Tokenizer(resolve_tokenizer(hf_tokenizer), engine=engine, piece_chars=400)
-        flat, lengths = tok.encode_docs([doc, "short one"], append_eod=False)
+        flat, lengths = tok.encode_docs(texts, append_eod=False)
         assert _split_docs(flat, lengths) == want
+        flat, lengths = tok.encode_docs(texts, append_eod=True)
+        assert _split_docs(flat, lengths) == [[*ids, tok.eod] if ids else [] for ids in want]
 
 
 def test_cuts_only_where_the_pipeline_allows(hf_tokenizer: Path, tmp_path: Path) -> None:
