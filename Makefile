@@ -23,6 +23,9 @@ venv: $(STAMP) ## Create .venv with torch 2.13.0 (CPU), megatron-core and every 
 demo: venv ## Run the demo on this CPU machine (topology, plan, data, training, quantization)
 	bash scripts/demo.sh
 
+demo-finetune: venv ## Import a Hugging Face model made here, fine-tune it (SFT) on CPU, export, quantize
+	bash scripts/demo_finetune.sh
+
 cluster-up: ## Start the local one-node SLURM cluster (root; Debian packages)
 	bash scripts/slurm_local.sh up
 
@@ -69,5 +72,5 @@ gpu-smoke: venv ## On a GPU machine: TE FP8/bf16 training vs the plan (see docs/
 clean: ## Remove build outputs and caches (keeps .venv)
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv demo cluster-up cluster-down test test-fast lint format bench bench-plan \
+.PHONY: help venv demo demo-finetune cluster-up cluster-down test test-fast lint format bench bench-plan \
 	bench-train bench-ckpt bench-data bench-quant gpu-smoke clean
