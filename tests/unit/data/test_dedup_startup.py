@@ -1,0 +1,32 @@
+"""Issue 12, finding 7: `llmctl data dedup` starts light: no torch, megatron, transformers,
+scipy or tokenizer libraries are imported (checked with `python -X importtime`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HEAVY = {"torch", "megatron", "transformers", "scipy", "tokenizers", "fastokens", "sentencepiece",
+         "tiktoken", "pyarrow", "datatrove", "rensa", "datasketch"}  # fmt: skip
+
+
+def test_dedup_command_imports_no_heavy_library(tmp_path: Path) -> None:
+    inp = tmp_path / "in.jsonl"
+    texts = [f"document number {i} " * 20 for i in range(30)] + ["document number 1 " * 20]
+    inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "llmctl", "data", "dedup", str(inp),
+         "-o", str(tmp_path / "out"), "-j", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    modules = {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "numpy" in modules  # the parse worked
+    assert not modules & HEAVY, sorted(modules & HEAVY)
+    assert (tmp_path / "out" / "in.jsonl").read_text().count("\n") == 30
