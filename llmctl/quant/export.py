@@ -44,12 +44,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.progress import NO_PROGRESS, Phase, Progress, third_party_output_to
 from llmctl.train.ckpt_safe import weights_only_loads
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import ModelConfig, RootConfig
 
 DEFAULT_MAX_SHARD_BYTES = 2 << 30
 _MODEL_KEY = re.compile(r"^(?:model\d*\.)?((?:embedding|decoder|output_layer)\..+)$")
@@ -63,12 +66,12 @@ class RunCheckpoint:
     run_dir: Path
     path: Path
     step: int
-    model: Any  # cfg.model of the run
+    model: ModelConfig  # cfg.model of the run
     tokenizer: Path | None
     data_prefix: str | None
 
 
-def _run_data(cfg: Any) -> tuple[str | None, str | None]:
+def _run_data(cfg: RootConfig) -> tuple[str | None, str | None]:
     """(first data prefix, tokenizer.json path) the run trained with, when they can be found."""
     prefix = cfg.data.prefixes[0] if cfg.data.prefixes else None
     tokenizer = cfg.data.tokenizer
@@ -149,7 +152,7 @@ _STYLES = {
 }
 
 
-def _check_gpt2_shapes(model: Any) -> None:
+def _check_gpt2_shapes(model: ModelConfig) -> None:
     if model.num_query_groups != model.num_attention_heads:
         raise UserError(
             f"model {model.name} is GPT-style with GQA (num_query_groups="
@@ -163,7 +166,7 @@ def _check_gpt2_shapes(model: Any) -> None:
         )
 
 
-def check_exportable(model: Any) -> str:
+def check_exportable(model: ModelConfig) -> str:
     """The Hugging Face class the model maps onto (`LlamaForCausalLM` or `GPT2LMHeadModel`).
 
     Raises:
@@ -191,16 +194,16 @@ def check_exportable(model: Any) -> str:
     )
 
 
-def hf_architecture(model: Any) -> str:
+def hf_architecture(model: ModelConfig) -> str:
     """The Hugging Face class the export writes."""
     return check_exportable(model)
 
 
-def _head_dim(model: Any) -> int:
+def _head_dim(model: ModelConfig) -> int:
     return int(model.kv_channels or model.hidden_size // model.num_attention_heads)
 
 
-def hf_linear_shapes(model: Any) -> dict[str, tuple[int, int]]:
+def hf_linear_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
     """Module name -> (out, in) of every Linear the export will contain (for pre-checks)."""
     h, f, d = model.hidden_size, model.ffn_hidden_size, _head_dim(model)
     q, kv = model.num_attention_heads * d, model.num_query_groups * d
@@ -277,7 +280,7 @@ def _layer_tensors(state: dict[str, Any], num_layers: int) -> list[dict[str, Any
     return layers
 
 
-def split_qkv(qkv: Any, model: Any) -> tuple[Any, Any, Any]:
+def split_qkv(qkv: Any, model: ModelConfig) -> tuple[Any, Any, Any]:
     """Split megatron's group-interleaved fused QKV (weight or bias) into Q, K, V."""
     from llmctl.hf.mapping import Heads
     from llmctl.hf.mapping import split_qkv as split
@@ -285,7 +288,7 @@ def split_qkv(qkv: Any, model: Any) -> tuple[Any, Any, Any]:
     return split(qkv, Heads(model.num_attention_heads, model.num_query_groups, _head_dim(model)))
 
 
-def megatron_to_hf_llama(state: dict[str, Any], model: Any) -> dict[str, Any]:
+def megatron_to_hf_llama(state: dict[str, Any], model: ModelConfig) -> dict[str, Any]:
     """Hugging Face state dict of a Llama-style family (`llmctl.hf.mapping`, shared with import).
 
     Raises:
@@ -319,7 +322,7 @@ _GPT2_RENAMES = {
 }
 
 
-def _convert_gpt2_layer(i: int, tensors: dict[str, Any], model: Any) -> dict[str, Any]:
+def _convert_gpt2_layer(i: int, tensors: dict[str, Any], model: ModelConfig) -> dict[str, Any]:
     """GPT-2 uses Conv1D ([in, out]: weights transposed) and a [q | k | v] fused projection."""
     import torch
 
@@ -346,7 +349,7 @@ def _convert_gpt2_layer(i: int, tensors: dict[str, Any], model: Any) -> dict[str
     return out
 
 
-def megatron_to_hf_gpt2(state: dict[str, Any], model: Any) -> dict[str, Any]:
+def megatron_to_hf_gpt2(state: dict[str, Any], model: ModelConfig) -> dict[str, Any]:
     """Hugging Face GPT-2 state dict from megatron's global tensors (GPT-style models)."""
     if "embedding.position_embeddings.weight" not in state:
         raise UserError("GPT-style checkpoint has no embedding.position_embeddings.weight")
@@ -391,14 +394,14 @@ _NOISE_KEYS = {
 }  # fmt: skip
 
 
-def llama_config(model: Any, dtype: str, eos_id: int | None) -> dict[str, Any]:
+def llama_config(model: ModelConfig, dtype: str, eos_id: int | None) -> dict[str, Any]:
     """config.json of a Llama-style family (Llama, Mistral, Qwen2, Mixtral), via transformers."""
     from llmctl.hf.config import hf_config_dict
 
     return hf_config_dict(model, eos_id, dtype)
 
 
-def gpt2_config(model: Any, dtype: str, eos_id: int | None) -> dict[str, Any]:
+def gpt2_config(model: ModelConfig, dtype: str, eos_id: int | None) -> dict[str, Any]:
     """config.json contents for `GPT2LMHeadModel` (exact-erf GeLU, as megatron's F.gelu)."""
     from transformers import GPT2Config
 
