@@ -177,8 +177,12 @@ def save_checkpoint(model: Any, cfg: Any, layout: Any, ckpt_root: Path, source: 
     from megatron.core import dist_checkpointing
 
     from llmctl.config import cfg_to_yaml
+    from llmctl.train import checkpoint as ck  # its public API (names re-exported there)
     from llmctl.train import ckpt_store as store
-    from llmctl.train.checkpoint import _ARCH_FIELDS, capture_rng, versions
+
+    # getattr: checkpoint.py may re-export these from its ckpt_* submodules (no __all__)
+    arch_fields = getattr(ck, "_ARCH_FIELDS")  # noqa: B009
+    capture_rng, versions = getattr(ck, "capture_rng"), getattr(ck, "versions")  # noqa: B009
 
     tmp = ckpt_root / f"{store.TMP_PREFIX}{store.iter_name(0)}"
     tmp.mkdir(parents=True)
@@ -187,7 +191,7 @@ def save_checkpoint(model: Any, cfg: Any, layout: Any, ckpt_root: Path, source: 
         dist_checkpointing.save({"model": model.sharded_state_dict()}, str(tmp))
     header = {
         "step": 0, "consumed_samples": 0, "world_size": 1, "layout": layout.as_dict(),
-        "model": {k: _value(getattr(cfg.model, k, None)) for k in _ARCH_FIELDS},
+        "model": {k: _value(getattr(cfg.model, k, None)) for k in arch_fields},
         "versions": versions(), "backend": "torch_dist", "created_unix": time.time(),
         "imported_from": source, "weights_only": True, "config_yaml": cfg_to_yaml(cfg),
     }  # fmt: skip

@@ -151,7 +151,11 @@ def init_weights(state: Any, cfg: Any, run_dir: Path) -> Path:
         except UserError as e:
             error = e.message
     ckpt = Path(_agree(rank, value, error))
-    load_model_weights([_unwrap(m) for m in state.model], ckpt)
+    try:
+        load_model_weights([_unwrap(m) for m in state.model], ckpt)
+    except Exception as e:  # e.g. a bias or expert tensor this run's model does not have
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint.init_from: cannot load {ckpt} into this model: {first}") from e
     if hasattr(state.optimizer, "reload_model_params"):
         state.optimizer.reload_model_params()
     if rank == 0:
