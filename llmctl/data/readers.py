@@ -145,10 +145,17 @@ def input_kind(path: Path) -> InputKind:
     return InputKind.TEXT
 
 
+def _skipped(name: str) -> bool:
+    """Hidden entries, and llmctl's own work folders and locks (an output written beside its
+    inputs never becomes one of them)."""
+    return name.startswith(".") or name.endswith((".llmctl-tmp", ".llmctl-lock"))
+
+
 def discover(paths: list[str | Path]) -> list[Path]:
     """Expand files and folders (recursively, sorted, hidden entries skipped) into files.
 
-    In a folder written by llmctl (an `llmctl data dedup` output), its reports are not inputs.
+    In a folder written by llmctl (an `llmctl data dedup` output), its reports are not inputs;
+    llmctl's work folders (`*.llmctl-tmp`) and locks (`*.llmctl-lock`) are skipped everywhere.
 
     Raises:
         UserError: a path does not exist or a folder holds no files.
@@ -163,7 +170,7 @@ def discover(paths: list[str | Path]) -> list[Path]:
                 f
                 for f in p.rglob("*")
                 if f.is_file()
-                and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                and not any(_skipped(part) for part in f.relative_to(p).parts)
                 and str(f.relative_to(p)) not in meta
             )
             if not found:

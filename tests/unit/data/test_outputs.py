@@ -244,3 +244,17 @@ def test_old_output_spellings_still_work_but_are_hidden(cli, tmp_path: Path, cor
         assert "--out" in text and "--output-dir" not in text and "--output-prefix" not in text
     bad = cli(["dedup", str(corpus), "--mode", "nearly"])  # Click's usage error, choices named
     assert bad.exit_code == 2 and "'nearly' is not one of 'exact', 'fuzzy', 'both'" in bad.stderr
+
+
+def test_output_beside_its_inputs_never_reads_itself(
+    cli, tmp_path: Path, corpus: Path, hf_tokenizer: Path
+) -> None:
+    """`preprocess FOLDER -o FOLDER/ds`: the lock and work folder llmctl creates there while
+    it runs are not read as documents."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(corpus, folder / "corpus.jsonl")
+    args = ["preprocess", str(folder), "-o", str(folder / "ds"), "-t", str(hf_tokenizer), "-j", "1"]
+    result = cli([*args, "--json", "--chunk-mb", "1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["num_docs"] == 60
