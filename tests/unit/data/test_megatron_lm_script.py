@@ -72,7 +72,7 @@ def test_byte_identical_to_megatron_lm_on_awkward_documents(
     tmp_path: Path, hf_tokenizer: Path, corpus: Path
 ) -> None:
     """One Megatron-LM run (2 workers) on real documents interleaved with the awkward ones
-    (the 1.6 MB one included once); llmctl at 1 and 2 workers, small chunks, gives the same
+    (the 1.1 MB one included once); llmctl at 1 and 2 workers, small chunks, gives the same
     bytes."""
     checkout = _checkout()
     awkward = write_awkward(tmp_path / "awkward.jsonl")
