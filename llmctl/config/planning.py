@@ -129,7 +129,9 @@ def run_spec(cfg: RootConfig) -> RunSpec:
     p = cfg.precision
     dtype = str(p.dtype)
     fp8 = dtype == "fp8"
-    grad = str(p.grad_dtype) if p.grad_dtype is not None else "fp32"
+    # megatron-core's grad buffer: fp32 with grad_reduce_in_fp32, else the parameter dtype.
+    asked = str(p.grad_dtype) if p.grad_dtype is not None else "fp32"
+    grad = "fp32" if asked == "fp32" else str(p.params_dtype)
     return RunSpec(
         global_batch_size=cfg.train.global_batch_size,
         compute_dtype=dtype,

@@ -176,7 +176,14 @@ class Trainer:
             from megatron.core.transformer.module import Float16Module
 
             chunks = [Float16Module(self.config, c) for c in chunks]
-        self.model = optim.wrap_ddp(chunks, self.config, layout, on_gpu=self.on_gpu)
+        grad_dtype = str(getattr(cfg.precision, "grad_dtype", None) or "fp32")
+        self.model = optim.wrap_ddp(
+            chunks,
+            self.config,
+            layout,
+            on_gpu=self.on_gpu,
+            grad_reduce_in_fp32=grad_dtype == "fp32",
+        )
         self.optimizer = optim.build_optimizer(cfg, self.model, self.config, layout)
         self.scheduler = optim.build_scheduler(cfg, self.optimizer)
 

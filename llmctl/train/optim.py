@@ -3,8 +3,9 @@
 What runs where: the distributed optimizer (ZeRO-1, `parallel.optimizer_sharding=distributed`)
 trains correctly on CPU with gloo, but its checkpoints are only partly loadable in
 megatron-core 0.16.1 on the torch-Adam path (see docs/train.md), so the default on CPU is the
-plain optimizer; GPU runs use what the layout asks for. Gradient reduction is in fp32 for every
-precision (`grad_reduce_in_fp32`); with DP > 1 on GPU it overlaps the backward pass.
+plain optimizer; GPU runs use what the layout asks for. Gradient reduction is in fp32 unless
+`precision.grad_dtype` says otherwise (`grad_reduce_in_fp32`); with DP > 1 on GPU it overlaps
+the backward pass.
 """
 
 from __future__ import annotations
@@ -15,8 +16,19 @@ from llmctl.errors import UserError
 from llmctl.train.layout import TrainLayout
 
 
-def wrap_ddp(chunks: list[Any], config: Any, layout: TrainLayout, *, on_gpu: bool) -> list[Any]:
-    """Wrap each model chunk in megatron's DistributedDataParallel and hook the grad sync."""
+def wrap_ddp(
+    chunks: list[Any],
+    config: Any,
+    layout: TrainLayout,
+    *,
+    on_gpu: bool,
+    grad_reduce_in_fp32: bool = True,
+) -> list[Any]:
+    """Wrap each model chunk in megatron's DistributedDataParallel and hook the grad sync.
+
+    `grad_reduce_in_fp32` (from `precision.grad_dtype`, fp32 unless set) is the dtype of
+    megatron-core's grad buffer and reduction, as the planner assumes.
+    """
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
@@ -27,7 +39,7 @@ def wrap_ddp(chunks: list[Any], config: Any, layout: TrainLayout, *, on_gpu: boo
         raise UserError("parallel.optimizer_sharding=full (FSDP) is not supported by llmctl train")
     overlap = on_gpu and layout.dp > 1
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
         overlap_grad_reduce=overlap,
         use_distributed_optimizer=layout.optimizer_sharding == "distributed",
     )

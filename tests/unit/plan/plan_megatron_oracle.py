@@ -58,7 +58,7 @@ SEQ = 16
 LAYOUTS = ((1, 1), (2, 1), (1, 2))
 
 
-def _build(shape: dict[str, Any], tp: int, pp: int) -> int:
+def _build(shape: dict[str, Any], tp: int, pp: int, dtype: Any = None, keep: bool = False) -> int:
     import torch
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
@@ -91,8 +91,9 @@ def _build(shape: dict[str, Any], tp: int, pp: int) -> int:
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
-        params_dtype=torch.float32,
-        pipeline_dtype=torch.float32,
+        params_dtype=dtype or torch.float32,
+        pipeline_dtype=dtype or torch.float32,
+        bf16=dtype is torch.bfloat16,
         num_moe_experts=shape["experts"] or None,
         moe_router_topk=2,
         moe_ffn_hidden_size=shape["ffn_hidden_size"] if shape["experts"] else None,
@@ -108,6 +109,8 @@ def _build(shape: dict[str, Any], tp: int, pp: int) -> int:
         share_embeddings_and_output_weights=shape["tied"],
         position_embedding_type="rope" if shape["rope"] else "learned_absolute",
     )
+    if keep:
+        _MODEL[:] = [model]
     return sum(p.numel() for p in model.parameters())
 
 
@@ -129,4 +132,42 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(counts, fh)
+    dist.destroy_process_group()
+
+
+def _grad_buffer_bytes(grad_reduce_in_fp32: bool) -> dict[str, int]:
+    """Build the llama_gqa shape in bf16, wrap it in megatron-core's DDP, count its buffers."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    params = _build(SHAPES["llama_gqa"], 1, 1, dtype=torch.bfloat16, keep=True)
+    model = _MODEL[0]
+    ddp = DistributedDataParallel(
+        config=model.config,
+        ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=grad_reduce_in_fp32, use_distributed_optimizer=True
+        ),
+        module=model,
+    )
+    grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in ddp.buffers)
+    return {"params": params, "grad_bytes": int(grads)}
+
+
+_MODEL: list[Any] = []
+
+
+def ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One gloo rank: megatron-core DDP grad-buffer bytes with and without fp32 reduction."""
+    import json
+
+    import torch.distributed as dist
+
+    from llmctl.train import cpu_compat
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cpu_compat.install()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    out = {str(fp32): _grad_buffer_bytes(fp32) for fp32 in (True, False)}
+    with open(os.path.join(out_dir, "ddp.json"), "w") as fh:
+        json.dump(out, fh)
     dist.destroy_process_group()

@@ -74,3 +74,23 @@ def test_params_match_megatron(tmp_path: pytest.TempPathFactory) -> None:
             for tp, pp in LAYOUTS:
                 key = f"{name}/{tp}/{pp}"
                 assert predicted(name, tp, pp, rank) == measured[key], (key, rank)
+
+
+def test_grad_memory_matches_megatron_ddp_buffers(tmp_path: pytest.TempPathFactory) -> None:
+    """The planner's gradient term equals the grad buffer megatron-core's DDP allocates: fp32
+    with grad_reduce_in_fp32, else the bf16 parameter dtype (within bucket padding)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    import plan_megatron_oracle as oracle
+
+    from llmctl.plan.specs import BYTES
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(oracle.ddp_worker, args=(1, port, str(tmp_path)), nprocs=1)
+    measured = json.loads((tmp_path / "ddp.json").read_text())  # type: ignore[operator]
+    for fp32, dtype in (("True", "fp32"), ("False", "bf16")):
+        m = measured[fp32]
+        assert m["params"] == predicted("llama_gqa", 1, 1, 0)
+        assert m["grad_bytes"] == pytest.approx(m["params"] * BYTES[dtype], rel=0.02)
