@@ -293,3 +293,31 @@ def test_loss_weights_every_trained_token_the_same_whatever_the_micro_batch(pack
     assert losses[2][0] == pytest.approx(losses[4][0], abs=1e-5)
     assert losses[2][1] == pytest.approx(losses[4][1], abs=1e-5)
     assert losses[4][0][-1] < losses[4][0][0]
+
+
+@pytest.mark.slow
+def test_resumed_sft_run_continues_bit_for_bit(packs, tmp_path):
+    """A run stopped after a checkpoint at step 2 and resumed gives the losses of an
+    uninterrupted run exactly (the SFT sample stream is a function of consumed samples)."""
+    import torch
+
+    from llmctl.train import run_in_process
+    from llmctl.train.rundir import create_run_dir
+
+    common = ["train.lr_decay_iters=4", "train.eval_interval=0", "checkpoint.async_save=false"]
+
+    def run(run_dir: Path, steps: int, *extra: str, create: bool = True) -> list[float]:
+        cfg = _cfg(packs, run_dir, f"train.train_iters={steps}", *common, *extra)
+        if create:
+            create_run_dir(cfg, None)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return run_in_process(cfg, run_dir).losses
+        finally:
+            torch.set_num_threads(threads)
+
+    full = run(tmp_path / "full", 4)
+    first = run(tmp_path / "part", 2, "checkpoint.interval=2")
+    rest = run(tmp_path / "part", 4, "checkpoint.interval=2", create=False)
+    assert first + rest == full
