@@ -152,7 +152,8 @@ def _render(console: Console, res: PlanResult) -> None:
         table.add_row(*row)
     console.print(table)
     for rej in res.rejections:
-        console.print(f"[red]✗[/] {rej.reason} [dim]({rej.count} layouts)[/]")
+        plural = "s" if rej.count != 1 else ""
+        console.print(f"[red]✗[/] {rej.reason} [dim]({rej.count} layout{plural})[/]")
     if res.best and res.best.rates.time_to_train_s:
         days = res.best.rates.time_to_train_s / 86400
         console.print(f"Time to train {inp.run.train_tokens:.3g} tokens: {days:.1f} days")
