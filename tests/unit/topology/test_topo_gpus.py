@@ -41,3 +41,15 @@ def test_dense_rates_follow_the_tensor_core_ladder(gpu) -> None:
     if "fp4" in peaks:
         assert peaks["fp4"] == 2 * peaks["fp8"]
     assert gpu.nvlink_bandwidth_gb_s * 2 in (600.0, 900.0, 1800.0)
+
+
+def test_fitted_knobs_equal_the_shipped_cluster_files() -> None:
+    """`topo --out` writes the same fitted step-time knobs as configs/cluster/dgx_*.yaml."""
+    from llmctl.config import compose
+    from llmctl.topology.cluster import FITTED
+
+    for key, cluster in (("a100_80gb_sxm", "dgx_a100_80gb"), ("h100_sxm", "dgx_h100")):
+        cfg = compose("tiny_cpu", [f"cluster={cluster}"]).cluster
+        fractions, efficiency = FITTED[key]
+        assert {k: cfg.achievable_fraction[k] for k in fractions} == fractions
+        assert dict(cfg.efficiency) == efficiency
