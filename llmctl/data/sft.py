@@ -222,8 +222,12 @@ class ChatRenderer:
         self.folder = path.parent if path.is_file() else path
         if not (self.folder / "tokenizer_config.json").is_file():
             raise UserError(f"--tokenizer {folder}: no tokenizer_config.json in {self.folder}")
-        from transformers import AutoTokenizer
-
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise UserError(
+                "llmctl data sft needs transformers: pip install 'llmctl[sft]'"
+            ) from None
         try:
             self.tok = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
         except Exception as e:  # transformers raises many types for a broken folder
