@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+log = logging.getLogger("llmctl.train.checkpoint")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -107,3 +110,34 @@ def parent_death_signal(signum: int) -> Callable[[], None] | None:
         prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
 
     return arm
+
+
+class PreemptNotice:
+    """SIGTERM/SIGUSR1 handlers that only note the notice; the loop acts on it after the step.
+
+    Handlers are installed from the main thread only (Python's rule) and given back by
+    `restore`, which matters when training runs inside a longer-lived process.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Install the handlers (a no-op off the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in PREEMPT_SIGNALS:
+            self._old[sig] = signal.signal(sig, self._on_signal)
+
+    def restore(self) -> None:
+        """Give the signals back to their previous handlers."""
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        del frame
+        if self.signum is None:
+            log.warning("received %s: checkpointing after this step", signal.Signals(signum).name)
+        self.signum = signum

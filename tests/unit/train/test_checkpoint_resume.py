@@ -125,11 +125,15 @@ def test_corrupt_newest_is_skipped(baseline, corpus: Path, tmp_path: Path) -> No
 
 
 def test_failed_saves_do_not_kill_training(corpus: Path, tmp_path: Path) -> None:
+    from llmctl.train.checkpoint import EXIT_SAVE_FAILED, TrainingStopped
+
     (tmp_path / "checkpoints").write_text("not a directory")  # every save fails with an OSError
-    result = _train(
-        _cfg(corpus, 6, "checkpoint.interval=2", "checkpoint.max_failed_saves=10"), tmp_path
-    )
-    assert len(result.losses) == 6
+    with pytest.raises(TrainingStopped) as stopped:  # the final save failed: not "finished"
+        _train(_cfg(corpus, 6, "checkpoint.interval=2", "checkpoint.max_failed_saves=10"), tmp_path)
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]  # failed periodic saves did not stop training
+    assert stopped.value.code == EXIT_SAVE_FAILED
+    assert "the final checkpoint (step 6) failed" in stopped.value.message
 
 
 def test_stop_after_max_failed_saves(corpus: Path, tmp_path: Path) -> None:

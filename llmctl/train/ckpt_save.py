@@ -1,0 +1,157 @@
+"""Pieces of a checkpoint save: megatron's sharded state, zero-copy views, per-rank files.
+
+`DistCheckpointer.save` (checkpoint.py) drives a save; this module holds what it is made of:
+the sharded state dict of the model chunks and optimizer, the re-wrapping of CPU views that
+spares megatron's async save a clone (`_alias_views`), the function a (forked) writer runs
+(megatron's write, then llmctl's per-rank JSON files and durable completion marker), and the
+one-line description of a failed save.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmctl.train import ckpt_store as store
+from llmctl.train.ckpt_signals import block_preempt_signals, die_with_parent
+
+log = logging.getLogger("llmctl.train.checkpoint")
+
+
+@dataclass
+class _Pending:
+    """A save in flight: its step, temporary directory and outcome."""
+
+    step: int
+    tmp_dir: Path
+    started: float
+    committed: bool | None = None
+    error: str | None = None
+
+
+def _unwrap(module: Any) -> Any:
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+def versions() -> dict[str, str]:
+    """llmctl, megatron-core and torch versions (recorded in every checkpoint)."""
+    import megatron.core
+    import torch
+
+    import llmctl
+
+    return {
+        "llmctl": llmctl.__version__,
+        "megatron_core": str(getattr(megatron.core, "__version__", "unknown")),
+        "torch": torch.__version__,
+    }
+
+
+def sharded_state_dict(state: Any, *, is_loading: bool) -> dict[str, Any]:
+    """megatron's sharded state dict of the model chunks (unwrapped from DDP) and optimizer."""
+    chunks = [_unwrap(m) for m in state.model]
+    sd: dict[str, Any] = {}
+    if len(chunks) == 1:
+        sd["model"] = chunks[0].sharded_state_dict()
+    else:
+        for i, chunk in enumerate(chunks):
+            sd[f"model{i}"] = chunk.sharded_state_dict()
+    sd["optimizer"] = state.optimizer.sharded_state_dict(sd, is_loading=is_loading)
+    return sd
+
+
+def _alias_views(sd: dict[str, Any]) -> int:
+    """Build megatron's tensor factories now and re-wrap CPU views without copying them.
+
+    Why: megatron's async save clones every CPU tensor whose storage is larger than the tensor
+    (SwiGLU's fused `linear_fc1` weight and its Adam moments are checkpointed as two halves,
+    i.e. views) so that a half is written without the rest of its storage. That clone runs in
+    the training loop: ~70 ms and 0.4 GB for a 1.1 GiB state. It is not what makes the write a
+    snapshot (megatron hands every other CPU tensor to the writer as is; the forked writer's
+    copy-on-write memory is the snapshot), so a tensor over the same memory whose storage is
+    exactly its own bytes (via numpy, zero-copy) writes the same bytes without the clone.
+    Contiguous CPU tensors of numpy dtypes only; anything else is left to megatron. Returns the
+    number of tensors re-wrapped.
+    """
+    try:
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+    except ImportError:  # pragma: no cover - a megatron-core without these public names
+        return 0
+    import torch
+
+    apply_factories(sd)
+    count = 0
+
+    def visit(x: Any) -> None:
+        nonlocal count
+        if isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, list):
+            for v in x:
+                visit(v)
+        elif isinstance(x, ShardedTensor) and isinstance(x.data, torch.Tensor):
+            t = x.data.detach()
+            if (
+                t.device.type == "cpu"
+                and t.is_contiguous()
+                and t.numel() > 0
+                and t.untyped_storage().size() != t.numel() * t.element_size()
+            ):
+                try:
+                    x.data = torch.from_numpy(t.numpy())
+                    count += 1
+                except (TypeError, RuntimeError):  # e.g. bfloat16: numpy has no such dtype
+                    pass
+
+    visit(sd)
+    return count
+
+
+def _write_rank_files(ckpt_dir: Path, rank: int, rng: dict[str, Any], train_state: Any) -> None:
+    """Write this rank's JSON files, fsync them and its shards, then its completion marker."""
+    store.write_json_durable(ckpt_dir / store.RNG_DIR / f"rank_{rank}.json", rng)
+    if train_state is not None:
+        store.write_json_durable(ckpt_dir / store.TRAIN_STATE, train_state)
+    store.write_rank_marker(ckpt_dir, rank, store.rank_files(ckpt_dir, rank))
+
+
+def _wrapped_async_fn(
+    fn: Any, ckpt_dir: Path, rank: int, rng: dict[str, Any], train_state: Any
+) -> Any:
+    """megatron's write function followed by llmctl's per-rank files and marker."""
+    trainer_pid = os.getpid()
+
+    def run(*args: Any, **kwargs: Any) -> None:
+        if os.getpid() != trainer_pid:  # a forked writer finishes its write, unless the rank dies
+            block_preempt_signals()
+            die_with_parent(signal.SIGKILL, trainer_pid)
+        if fn is not None:
+            fn(*args, **kwargs)
+        try:
+            _write_rank_files(ckpt_dir, rank, rng, train_state)
+        except OSError as e:  # no marker: the commit fails and the failed-save policy decides
+            log.error("rank %d: cannot write its checkpoint files (%s)", rank, describe_error(e))
+
+    return run
+
+
+def save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises: any Exception, and torch's CheckpointException, which is a
+    BaseException (megatron re-raises a writer's OSError as one)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def describe_error(e: BaseException) -> str:
+    """One line: the type and the last line of the message (CheckpointException carries whole
+    tracebacks of the failed ranks; their last line names the cause, e.g. ENOSPC)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
