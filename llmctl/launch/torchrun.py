@@ -198,13 +198,24 @@ def check_probe(
         )
 
 
+def render_probe(cfg: Any, host: str, rdzv_host: str, python: str) -> list[str]:
+    """The ssh argv that probes one host before launch (pure)."""
+    return [*ssh_base(cfg), host, probe_command(rdzv_host, python)]
+
+
+def render_host_check(node: NodeCommand) -> list[str]:
+    """The ssh argv asking whether a node's host answers (same options as its launch; pure)."""
+    return [*node.ssh_argv[:-1], "true"]
+
+
 def _spawn(argv: list[str] | tuple[str, ...], **kwargs: Any) -> subprocess.Popen[bytes]:
-    """The one place this backend starts a process (ssh)."""
+    """The one place this backend starts a process: a rendered ssh argv (launch, probe,
+    host check); every argv it runs comes from a `render_*` function or `NodeCommand`."""
     return subprocess.Popen(list(argv), **kwargs)
 
 
 def _probe_one(cfg: Any, host: str, rdzv_host: str, python: str) -> tuple[str, int, str, str]:
-    argv = [*ssh_base(cfg), host, probe_command(rdzv_host, python)]
+    argv = render_probe(cfg, host, rdzv_host, python)
     proc = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
@@ -345,7 +356,7 @@ def rejoin_node(
 def host_answers(node: NodeCommand, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether the node's host accepts an ssh command now (same ssh options as the launch)."""
     proc = _spawn(
-        [*node.ssh_argv[:-1], "true"],
+        render_host_check(node),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
