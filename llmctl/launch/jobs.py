@@ -117,6 +117,17 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def trainer_alive(run_dir: Path) -> bool:
+    """Whether training processes still hold the run directory (ranks outliving a launcher)."""
+    from llmctl.launch.lock import check_run_lock
+
+    try:
+        check_run_lock(run_dir)
+    except UserError:
+        return True
+    return False
+
+
 def run_status(target: str) -> RunStatus:
     """Status of a run directory or a SLURM job id.
 
@@ -155,7 +166,8 @@ def _dir_status(run_dir: Path) -> RunStatus:
     if "exit_code" in launch:
         state = "COMPLETED" if launch["exit_code"] == 0 else "FAILED"
     else:
-        state = "RUNNING" if _pid_alive(launch.get("pid")) else "EXITED"
+        alive = _pid_alive(launch.get("pid")) or trainer_alive(run_dir)
+        state = "RUNNING" if alive else "EXITED"
     step, loss = _metrics(run_dir)
     return RunStatus(
         run_dir=str(run_dir),
