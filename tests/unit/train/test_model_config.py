@@ -31,6 +31,9 @@ def test_gpu_configs_build(precision, recompute):
             "parallel.tp=2",
             "parallel.pp=2",
             "parallel.sequence_parallel=true",
+            "cluster=dgx_h100",  # sequence parallel is refused on CPU clusters
+            "cluster.num_nodes=1",
+            "cluster.gpus_per_node=4",
         ],
     )
     layout = resolve_layout(cfg, 4)
