@@ -72,5 +72,7 @@ def test_init_from_hf_first_loss_is_transformers_loss_and_falls(tmp_path: Path) 
     assert (run_dir / "init_from" / "import.json").is_file()  # hf: was imported by the run
     assert result.steps == STEPS
     expected = _hf_loss(src, _first_sample(cfg))
+    print(f"measured: step-1 loss {result.losses[0]:.6f}, transformers {expected:.6f}, "
+          f"last 3 {result.losses[-3:]}")  # fmt: skip
     assert result.losses[0] == pytest.approx(expected, abs=1e-4)
     assert sum(result.losses[-3:]) / 3 < result.losses[0] - 0.5, result.losses
