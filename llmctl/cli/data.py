@@ -15,9 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmctl.data.choices import DedupMode, Launcher, Unit, Verify
+from llmctl.data.choices import DedupMode, Launcher, TokenizerKind, Unit, Verify
 from llmctl.data.readers import OnError
-from llmctl.data.tokenizer import TokenizerKind
 
 app = typer.Typer(
     help="Preprocess text into Megatron's indexed format, deduplicate it, train tokenizers.",
@@ -224,39 +223,6 @@ def corpus_cmd(
     target = require_out(out, output, "the positional OUTPUT")
     summary = run_corpus(target, max_docs=max_docs, force=force)
     typer.echo(json.dumps(summary) if as_json else f"{summary['num_docs']} documents -> {target}")
-
-
-@app.command("sft")
-def sft_cmd(
-    inputs: Annotated[
-        list[str], typer.Argument(help="JSONL files or folders: chat or prompt/completion.")
-    ],
-    out: Annotated[str, typer.Option("--out", "-o", help="Writes OUT.bin/.idx + companions.")],
-    tokenizer: Annotated[
-        str, typer.Option("--tokenizer", "-t", help="Tokenizer folder with a chat_template.")
-    ],
-    seq_length: Annotated[int, typer.Option("--seq-length", help="Training sequence length.")],
-    pack: Annotated[
-        bool, typer.Option("--pack/--no-pack", help="Several examples per sequence.")
-    ] = True,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; write nothing.")] = False,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replace an earlier `data sft` output there.")
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Chat/prompt-completion JSONL -> packed sequences with a response-only loss mask."""
-    from llmctl.data.sft import SftConfig, run_sft
-
-    cfg = SftConfig(
-        inputs=inputs, output_prefix=out, tokenizer=tokenizer, seq_length=seq_length,
-        pack=pack, dry_run=dry_run, force=force,
-    )  # fmt: skip
-    summary = run_sft(cfg, show_progress=not as_json)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        _show(summary, f"sft -> {out}" + (" (dry run)" if dry_run else ""))
 
 
 @app.command("sft")

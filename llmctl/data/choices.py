@@ -34,3 +34,11 @@ class Launcher(StrEnum):
 
     LOCAL = "local"
     SLURM = "slurm"
+
+
+class TokenizerKind(StrEnum):
+    """Tokenizer file formats llmctl reads."""
+
+    HF = "hf"
+    SENTENCEPIECE = "sentencepiece"
+    TIKTOKEN = "tiktoken"

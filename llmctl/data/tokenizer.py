@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from llmctl.data.choices import TokenizerKind
 from llmctl.errors import UserError
 
 EOD_TOKEN = "<|endoftext|>"
@@ -52,14 +53,6 @@ TIKTOKEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"""
     r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-
-
-class TokenizerKind(StrEnum):
-    """Tokenizer file formats llmctl reads."""
-
-    HF = "hf"
-    SENTENCEPIECE = "sentencepiece"
-    TIKTOKEN = "tiktoken"
 
 
 def _sha256(path: Path) -> str:
