@@ -100,15 +100,29 @@ def _render_plan(data: dict[str, Any]) -> None:
     Console().print(table)
 
 
+PRESETS = tuple(p.value for p in Preset)
+
+
+def _check_preset(value: str) -> str:
+    """A shipped preset name or a YAML path: anything else is a usage error (exit 2)."""
+    if value in PRESETS or value.endswith((".yaml", ".yml")):
+        return value
+    raise typer.BadParameter(f"{value!r} is not one of {', '.join(PRESETS)} or a FILE.yaml")
+
+
 def quantize(
     source: Annotated[Path, typer.Argument(help="A llmctl run directory or a HF model dir.")],
     out: OutOpt,
     preset: Annotated[
-        Preset, typer.Option("--preset", help="A shipped preset (configs/quant/).")
-    ] = Preset.default,
-    preset_file: Annotated[
-        Path | None, typer.Option("--preset-file", help="Your own preset YAML (replaces --preset).")
-    ] = None,
+        str,
+        typer.Option(
+            "--preset",
+            metavar=f"{'|'.join(PRESETS)}|FILE.yaml",
+            help="A shipped preset (configs/quant/) or your own preset YAML.",
+            callback=_check_preset,
+            autocompletion=lambda: list(PRESETS),
+        ),
+    ] = Preset.default.value,
     scheme: Annotated[Scheme | None, typer.Option("--scheme", case_sensitive=False)] = None,
     algorithm: Annotated[
         Algorithm | None, typer.Option("--algorithm", case_sensitive=False)
@@ -155,7 +169,7 @@ def quantize(
 
     with console_progress(enabled=not dry_run) as progress:  # stderr: --json stdout stays clean
         result = quantize_source(
-            source, out, preset=str(preset_file or preset.value), scheme=scheme,
+            source, out, preset=preset, scheme=scheme,
             algorithm=algorithm, group_size=group_size, ignore=ignore, num_samples=num_samples,
             seq_len=seq_len, data=data, tokenizer=tokenizer, step=step,
             num_eval_tokens=eval_tokens, force=force, dry_run=dry_run, progress=progress,

@@ -37,7 +37,7 @@ def test_dry_run_plans_without_writing(hf_dir: Path, data: str, tmp_path: Path) 
         (["--group-size", "96", "--data", "DATA"], "group size 96 does not divide"),
         (["--scheme", "W5A16", "--data", "DATA"], "Invalid value for '--scheme'"),
         (["--preset", "nope", "--data", "DATA"], "Invalid value for '--preset'"),
-        (["--preset-file", "nope.yaml", "--data", "DATA"], "unknown quantization preset"),
+        (["--preset", "nope.yaml", "--data", "DATA"], "unknown quantization preset"),
         (["--algorithm", "gptq", "--scheme", "FP8_DYNAMIC", "--data", "DATA"], "cannot produce"),
         (["--data", "DATA", "--num-samples", "1000"], "lower --num-samples"),
     ],
