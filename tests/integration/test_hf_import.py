@@ -256,3 +256,30 @@ def test_import_peak_memory_is_about_one_model(tmp_path: Path) -> None:
     info = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert info["checkpoint_bytes"] > 200e6
     assert 0.9 < info["peak_over_base_per_model"] < 1.5, info
+
+
+def test_bf16_source_round_trips_and_loads_into_fp32(tmp_path: Path) -> None:
+    """A bf16 checkpoint is imported as bf16 (--dtype auto), loads into an fp32 model (cast on
+    load) with transformers' fp32 logits, and exports back bit for bit in bf16."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmctl.quant.export import export_run
+
+    src32 = make_model("qwen2", tmp_path / "hf32")
+    src = tmp_path / "hf16"
+    AutoModelForCausalLM.from_pretrained(str(src32), dtype=torch.bfloat16).save_pretrained(str(src))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src32 / name, src / name)
+    _import(src, tmp_path / "mc")
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(2))
+    diff = float((megatron_logits(tmp_path / "mc", ids) - hf_logits(src, ids)).abs().max())
+    assert diff < 1e-4
+    export_run(tmp_path / "mc", tmp_path / "rt")
+    before, after = load_safetensors_dir(src), load_safetensors_dir(tmp_path / "rt")
+    assert sorted(before) == sorted(after)
+    for name, tensor in before.items():
+        assert tensor.dtype == after[name].dtype == torch.bfloat16, name
+        assert torch.equal(tensor, after[name]), name
