@@ -165,7 +165,7 @@ def _moe_without_te() -> None:
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+        moe_utils.te_general_gemm = None
 
 
 def build_model_chunks(
