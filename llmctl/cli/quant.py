@@ -28,7 +28,7 @@ def export_hf(
     force: ForceOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a Hugging Face model directory (LlamaForCausalLM) from a run's checkpoint."""
+    """Write a Hugging Face directory (Llama, Mistral, Qwen2, Mixtral or GPT-2) from a run."""
     from llmctl.quant.export import export_run
 
     with console_progress() as progress:  # on stderr: --json stdout stays clean
