@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHILD = r"""
 import os, sys, warnings
 from pathlib import Path
@@ -48,3 +50,16 @@ def test_verbose_keeps_it_on_the_console(tmp_path: Path) -> None:
     err, log = _run(tmp_path, verbose=True)
     assert "library notice" in err and "Compressing model" in err and "python-level" in err
     assert not log.exists()
+
+
+def test_dash_v_turns_verbose_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`llmctl -v CMD` is what sets LLMCTL_VERBOSE for the library (and the ranks it starts)."""
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    monkeypatch.setenv("LLMCTL_VERBOSE", "")  # recorded, so restored after `-v` sets it
+    assert CliRunner().invoke(app, ["recipes", "list", "--json"]).exit_code == 0
+    assert not os.environ.get("LLMCTL_VERBOSE")
+    assert CliRunner().invoke(app, ["-v", "recipes", "list", "--json"]).exit_code == 0
+    assert os.environ.get("LLMCTL_VERBOSE") == "1"
