@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.errors import UserError
-from llmctl.hf.importer import plan_import
+from llmctl.hf.importer import import_hf, plan_import
 
 FAMILIES = list(family_specs())
 ARCH = {
@@ -171,6 +171,8 @@ BAD = {
              "rope_scaling.rope_type=yarn"),
     "gelu": (lambda d: _edit_config(d, hidden_act="gelu"), "hidden_act=gelu"),
     "vocab": (lambda d: _edit_config(d, vocab_size=200), "embed_tokens.weight has 256 rows"),
+    # found while streaming (after the model was allocated): the staging folder is removed
+    "ffn": (lambda d: _edit_config(d, intermediate_size=128), "does not fit decoder.layers.0.mlp"),
 }  # fmt: skip
 
 
@@ -186,6 +188,8 @@ def test_bad_input_is_rc2_naming_the_field_nothing_written(case: str, tmp_path: 
     assert not out.exists() and not list(tmp_path.glob(".mc*"))
     message = BAD[case][1] if case != "tp3" else "does not split over tp=3"
     with pytest.raises(UserError, match=re.escape(message)):  # the text the CLI printed
+        if case == "ffn":
+            import_hf(plan_import(src), out)
         plan_import(src, tp=3 if case == "tp3" else 1)
 
 
