@@ -87,6 +87,9 @@ def check_checkpoint_matches(ckpt_dir: Path, cfg: Any, layout: Any) -> None:
     from llmctl.train.checkpoint import check_compatible
 
     saved = json.loads((ckpt_dir / store.TRAIN_STATE).read_text())
+    if saved.get("weights_only"):  # written by `llmctl import hf`: no optimizer state to resume
+        raise UserError(f"{ckpt_dir} holds weights only (llmctl import hf); start a run from it "
+                        f"with checkpoint.init_from={ckpt_dir.parent.parent}")  # fmt: skip
     check_compatible(saved, cfg, layout)
 
 

@@ -287,3 +287,13 @@ def test_bf16_source_round_trips_and_loads_into_fp32(tmp_path: Path) -> None:
     for name, tensor in before.items():
         assert tensor.dtype == after[name].dtype == torch.bfloat16, name
         assert torch.equal(tensor, after[name]), name
+
+
+def test_resume_of_an_import_is_refused_in_one_line(tmp_path: Path) -> None:
+    """An import is a model, not a run: `resume` says so and points at init_from."""
+    src = make_model("mistral", tmp_path / "hf")
+    _import(src, tmp_path / "mc")
+    res = CliRunner().invoke(app, ["resume", str(tmp_path / "mc"), "train.train_iters=2"])
+    assert res.exit_code == 2, res.output
+    assert "holds weights only" in " ".join(res.output.replace("│", " ").split())
+    assert not (tmp_path / "mc" / "metrics.jsonl").exists()
