@@ -37,7 +37,12 @@ def load_hf_config(src: Path) -> Any:
     """
     if not (src / "config.json").is_file():
         raise UserError(f"{src} is not a Hugging Face model directory (no config.json)")
-    from transformers import AutoConfig
+    try:
+        from transformers import AutoConfig
+    except ImportError as e:
+        raise UserError(
+            f"llmctl import hf needs transformers ({e}): pip install 'llmctl[quant]'"
+        ) from e
 
     try:
         return AutoConfig.from_pretrained(str(src), local_files_only=True)
