@@ -39,7 +39,7 @@ from typing import Any
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.train import ckpt_store as store
-from llmctl.train.ckpt_load import (  # noqa: F401 - re-exported: the public checkpoint API
+from llmctl.train.ckpt_load import (
     _ARCH_FIELDS,
     check_compatible,
     check_optimizer_checkpointable,
@@ -47,7 +47,7 @@ from llmctl.train.ckpt_load import (  # noqa: F401 - re-exported: the public che
     newest_valid_step,
     uses_torch_adam,
 )
-from llmctl.train.ckpt_rng import capture_rng, restore_rng  # noqa: F401 - re-exported
+from llmctl.train.ckpt_rng import capture_rng, restore_rng
 from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
     _alias_views,
     _Pending,
@@ -58,7 +58,7 @@ from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
     sharded_state_dict,
     versions,
 )
-from llmctl.train.ckpt_signals import (  # noqa: F401 - re-exported
+from llmctl.train.ckpt_signals import (
     PREEMPT_SIGNALS,
     PreemptNotice,
     preempt_exit_code,
@@ -67,6 +67,21 @@ from llmctl.train.ckpt_signals import (  # noqa: F401 - re-exported
 from llmctl.train.ckpt_signals import preempt_signals_deferred as _preempt_signals_deferred
 
 log = logging.getLogger("llmctl.train.checkpoint")
+__all__ = [
+    "EXIT_SAVE_FAILED",
+    "PREEMPT_SIGNALS",
+    "DistCheckpointer",
+    "TrainingStopped",
+    "capture_rng",
+    "check_compatible",
+    "check_optimizer_checkpointable",
+    "make_checkpointer",
+    "preempt_exit_code",
+    "restore_rng",
+    "sharded_state_dict",
+    "uses_torch_adam",
+    "versions",
+]
 
 EXIT_SAVE_FAILED = 3
 
