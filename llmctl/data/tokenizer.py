@@ -105,6 +105,7 @@ PIECE_CHARS = 1 << 18
 """Documents longer than this (characters) are encoded in pieces of at most about this size."""
 _CALL_CHARS = 1 << 18
 _CUT = re.compile(r"[A-Za-z0-9][ \n]")
+_PROBED: dict[tuple[Any, ...], bool] = {}
 
 
 class Engine(StrEnum):
@@ -195,8 +196,7 @@ class Tokenizer:
     def _try_fastokens(self, required: bool) -> None:
         """Switch to fastokens if it loads this file and encodes the probe as the reference."""
         fast = _fastokens_flat(self.spec, self.eod)
-        probe = probe_texts() if fast is not None else []  # compared one text at a time
-        if fast is not None and all(_same(self._flat([t]), fast([t])) for t in probe):
+        if fast is not None and self._agrees(fast):
             self._flat, self.engine = fast, Engine.FASTOKENS
             return
         if required:
@@ -204,6 +204,16 @@ class Tokenizer:
                 f"tokenizer {self.spec.path}: fastokens is not installed, cannot read it, or "
                 "does not encode it exactly as the reference library; use engine auto"
             )
+
+    def _agrees(self, fast: FlatEncode) -> bool:
+        """Whether `fast` encodes the probe as the reference does, one text at a time (bounded
+        memory). Remembered per file state, so forked preprocess workers inherit the parent's
+        answer instead of probing again."""
+        st = self.spec.path.stat()
+        key = (str(self.spec.path), self.spec.kind, self.eod, st.st_size, st.st_mtime_ns)
+        if key not in _PROBED:
+            _PROBED[key] = all(_same(self._flat([t]), fast([t])) for t in probe_texts())
+        return _PROBED[key]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, without an EOD (the writer appends it)."""
