@@ -99,16 +99,24 @@ def _marked(mark: str) -> list[int]:
 
 
 def kill_tree(mark: str) -> int:
-    """SIGSTOP, then SIGKILL, every process of the round (no process reacts in between)."""
-    pids = _marked(mark)
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+    """SIGSTOP, then SIGKILL, every process of the round, until none is left.
+
+    Scanning and signalling are not atomic: a process can fork between the scan and its
+    SIGSTOP (megatron's writer forks its workers), so scan again until the scan finds nothing.
+    """
+    killed: set[int] = set()
     deadline = time.monotonic() + 30
-    while _alive(_marked(mark)) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        pids = _alive(_marked(mark))
+        if not pids:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        killed.update(pids)
         time.sleep(0.05)
-    return len(pids)
+    return len(killed)
 
 
 def _alive(pids: list[int]) -> list[int]:

@@ -67,6 +67,27 @@ def _describe_holder(path: Path) -> str:
     return f"{what}pid {note['pid']} on host {note.get('host', '?')}"
 
 
+def _openers(path: Path) -> list[int]:
+    """PIDs on this host that have `path` open (the processes that may hold its lock)."""
+    target, found = str(path.resolve()), []
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == target for fd in (entry / "fd").iterdir()):
+                found.append(int(entry.name))
+    return found
+
+
+def _describe_ranks(path: Path) -> str:
+    """The processes holding the ranks lock: the live ones on this host, else the note."""
+    pids = _openers(path)
+    if not pids:
+        return _describe_holder(path)
+    return f"pid {', '.join(map(str, pids[:8]))} on host {socket.gethostname()}"
+
+
 def _open(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
@@ -110,7 +131,7 @@ def acquire_run_lock(run_dir: str | Path, what: str = "llmctl train") -> RunLock
     try:
         if not _try_flock(ranks_fd, fcntl.LOCK_EX):
             os.close(fd)
-            raise _refusal(run_dir, f"training processes ({_describe_holder(ranks_path)})")
+            raise _refusal(run_dir, f"training processes ({_describe_ranks(ranks_path)})")
     finally:
         os.close(ranks_fd)
     _write_note(fd, what)
@@ -138,8 +159,9 @@ def check_run_lock(run_dir: str | Path) -> None:
         finally:
             os.close(fd)
         if not free:
-            holder = _describe_holder(path)
-            raise _refusal(run_dir, f"{kind} ({holder})" if kind else holder)
+            if kind:
+                raise _refusal(run_dir, f"{kind} ({_describe_ranks(path)})")
+            raise _refusal(run_dir, _describe_holder(path))
 
 
 def hold_for_rank(run_dir: str | Path, rank: int) -> list[RunLock]:
