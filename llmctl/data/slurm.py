@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llmctl.data.choices import DedupMode, Verify
+from llmctl.data.choices import DedupMode, TokenizerKind, Verify
 from llmctl.data.dedup import (
     DedupConfig,
     finish,
@@ -55,7 +55,7 @@ from llmctl.data.preprocess import (
     run_chunk_here,
 )
 from llmctl.data.readers import BadInputError, Chunk, FileScan, InputKind, OnError
-from llmctl.data.tokenizer import Tokenizer, TokenizerKind, TokenizerSpec
+from llmctl.data.tokenizer import Tokenizer, TokenizerSpec
 from llmctl.errors import UserError
 
 ARRAY_SCRIPT = "dedup_signatures.sbatch"
