@@ -132,6 +132,8 @@ def _wrapped_async_fn(
         if os.getpid() != trainer_pid:  # a forked writer finishes its write, unless the rank dies
             block_preempt_signals()
             die_with_parent(signal.SIGKILL, trainer_pid)
+            # megatron's writer forks its own workers: they end with the writer, too
+            os.register_at_fork(after_in_child=lambda: die_with_parent(signal.SIGKILL))
         if fn is not None:
             fn(*args, **kwargs)
         try:
