@@ -212,21 +212,30 @@ class ImportResult:
         }
 
 
-def _rss_bytes() -> int:
-    """Current resident set size of this process (Linux /proc; 0 elsewhere)."""
+def _status_bytes(field: str) -> int:
+    """A `/proc/self/status` memory field in bytes (Linux; 0 elsewhere)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
 
 
-def _peak_rss_bytes() -> int:
-    import resource
+def _rss_bytes() -> int:
+    """Current resident set size of this process."""
+    return _status_bytes("VmRSS")
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process image.
+
+    VmHWM, not `getrusage().ru_maxrss`: Linux carries ru_maxrss across fork and exec, so a
+    process started by a large parent (a test runner, a notebook) reported the parent's size as
+    its own peak (seen: 2.35x the model instead of 1.3x).
+    """
+    return _status_bytes("VmHWM")
 
 
 def _staging(out: Path) -> Path:
