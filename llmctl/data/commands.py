@@ -43,6 +43,15 @@ class SlurmRequest:
     """Per-job time limit."""
 
 
+def _slurm_options(req: SlurmRequest) -> Any:
+    """The `data.slurm.SlurmOptions` of a request (imported here: SLURM code loads lazily)."""
+    from llmctl.data.slurm import SlurmOptions
+
+    return SlurmOptions(
+        partition=req.partition, max_parallel=req.max_parallel, time_limit=req.time_limit
+    )
+
+
 def run_preprocess(
     cfg: PreprocessConfig,
     progress: Progress,
@@ -51,13 +60,10 @@ def run_preprocess(
 ) -> dict[str, Any]:
     """`llmctl data preprocess`: here, or as a SLURM array job plus a merge job."""
     if launcher is Launcher.SLURM:
-        from llmctl.data.slurm import SlurmOptions, submit_preprocess
+        from llmctl.data.slurm import submit_preprocess
 
         req = slurm or SlurmRequest()
-        opts = SlurmOptions(
-            partition=req.partition, max_parallel=req.max_parallel, time_limit=req.time_limit
-        )
-        return submit_preprocess(cfg, opts, render_only=req.print_script)
+        return submit_preprocess(cfg, _slurm_options(req), render_only=req.print_script)
     from llmctl.data.preprocess import preprocess
 
     def update(u: ProgressUpdate) -> None:
@@ -78,13 +84,10 @@ def run_dedup(
 ) -> dict[str, Any]:
     """`llmctl data dedup`: here, or as a SLURM array job plus a clustering job."""
     if launcher is Launcher.SLURM:
-        from llmctl.data.slurm import SlurmOptions, submit_dedup
+        from llmctl.data.slurm import submit_dedup
 
         req = slurm or SlurmRequest()
-        opts = SlurmOptions(
-            partition=req.partition, max_parallel=req.max_parallel, time_limit=req.time_limit
-        )
-        return submit_dedup(cfg, opts, render_only=req.print_script)
+        return submit_dedup(cfg, _slurm_options(req), render_only=req.print_script)
     from llmctl.data.dedup import dedup
 
     def update(total: int, docs: int, num_bytes: int) -> None:
