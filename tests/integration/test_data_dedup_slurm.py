@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
+from slurm_support import cluster_up, wait_finished
 
 from llmctl.data.dedup import DedupConfig, dedup
 from llmctl.data.slurm import SlurmOptions, submit_dedup
@@ -17,32 +15,8 @@ from llmctl.data.synthetic import planted_corpus
 pytestmark = pytest.mark.slurm
 
 
-def _cluster_up() -> bool:
-    if shutil.which("sinfo") is None:
-        return False
-    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
-    states = out.stdout.split()
-    return out.returncode == 0 and any(s in ("idle", "mix", "alloc") for s in states)
-
-
-def _wait_gone(job_id: str, timeout_s: float) -> str:
-    """Poll scontrol until the job leaves the queue or finishes; return its last state."""
-    state = "UNKNOWN"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
-        if out.returncode != 0:
-            return state
-        state = out.stdout.split("JobState=")[1].split()[0]
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            return state
-        time.sleep(0.5)
-    subprocess.run(["scancel", job_id], capture_output=True)
-    raise AssertionError(f"job {job_id} still {state} after {timeout_s} s")
-
-
 def test_array_dedup_matches_local(tmp_path: Path) -> None:
-    if not _cluster_up():
+    if not cluster_up():
         pytest.skip("local SLURM cluster is not up (scripts/slurm_local.sh up)")
     planted = planted_corpus(num_bases=150, num_plain=100, seed=3)
     half = len(planted.texts) // 2
@@ -55,7 +29,7 @@ def test_array_dedup_matches_local(tmp_path: Path) -> None:
     cfg = DedupConfig(inputs=inputs, output_dir=str(tmp_path / "slurm_out"))
     job = submit_dedup(cfg, SlurmOptions(time_limit="00:05:00"))
     assert job["num_tasks"] == 2
-    assert _wait_gone(job["final_job"], timeout_s=180) in ("COMPLETED", "UNKNOWN")
+    assert wait_finished(job["final_job"], timeout_s=180) in ("COMPLETED", "UNKNOWN")
     report = json.loads((tmp_path / "slurm_out" / "dedup_report.json").read_text())
     local = dedup(DedupConfig(inputs=inputs, output_dir=str(tmp_path / "local_out"), num_workers=1))
     assert report["num_kept"] == local.num_kept < len(planted.texts)

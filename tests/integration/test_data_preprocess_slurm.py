@@ -4,13 +4,12 @@ dependent merge job give bytes identical to a run on this machine (issue 12, ite
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from slurm_support import cluster_up, wait_finished
 
 from llmctl.data.corpus import build_demo_corpus
 from llmctl.data.preprocess import PreprocessConfig, preprocess
@@ -19,29 +18,8 @@ from llmctl.data.tokenizer import train_bpe
 pytestmark = pytest.mark.slurm
 
 
-def _cluster_up() -> bool:
-    if shutil.which("sinfo") is None:
-        return False
-    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
-    return out.returncode == 0 and any(s in ("idle", "mix", "alloc") for s in out.stdout.split())
-
-
-def _wait_done(job_id: str, timeout_s: float) -> str:
-    state, deadline = "UNKNOWN", time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
-        if out.returncode != 0:
-            return state
-        state = out.stdout.split("JobState=")[1].split()[0]
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            return state
-        time.sleep(0.5)
-    subprocess.run(["scancel", job_id], capture_output=True)
-    raise AssertionError(f"job {job_id} still {state} after {timeout_s} s")
-
-
 def test_array_preprocess_matches_local(tmp_path: Path) -> None:
-    if not _cluster_up():
+    if not cluster_up():
         pytest.skip("local SLURM cluster is not up (scripts/slurm_local.sh up)")
     corpus = tmp_path / "in" / "corpus.jsonl"
     build_demo_corpus(corpus, max_docs=120)
@@ -57,7 +35,7 @@ def test_array_preprocess_matches_local(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     job = json.loads(out.stdout)
     assert job["num_tasks"] >= 2 and job["array_job"] and job["final_job"]
-    state = _wait_done(job["final_job"], timeout_s=300)
+    state = wait_finished(job["final_job"], timeout_s=300)
     logs = "\n".join(p.read_text() for p in Path(job["job_dir"]).glob("slurm-*.out"))
     assert state in ("COMPLETED", "UNKNOWN"), logs
     local = tmp_path / "local_ds"
