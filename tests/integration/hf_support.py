@@ -122,3 +122,25 @@ def load_safetensors_dir(path: Path) -> dict[str, Any]:
     for f in sorted(path.glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
+
+
+def imported_with_data(tmp_path: Path, family: str = "mistral") -> tuple[Path, Path]:
+    """Make a `family` model in tmp_path/hf, `llmctl import hf` it into tmp_path/mc, and
+    preprocess TEXT with its own tokenizer into tmp_path/data/docs. Returns (hf dir, prefix)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    src = make_model(family, tmp_path / "hf")
+    res = CliRunner().invoke(app, ["import", "hf", str(src), "--out", str(tmp_path / "mc")])
+    assert res.exit_code == 0, res.output
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT))
+    prefix = tmp_path / "data" / "docs"
+    res = CliRunner().invoke(
+        app, ["data", "preprocess", str(docs), "-t", str(src), "-o", str(prefix)]
+    )
+    assert res.exit_code == 0, res.output
+    return src, prefix

@@ -11,14 +11,10 @@ loss falls (mean of the last 3 steps at least 0.5 below step 1; measured ~2 nats
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from hf_support import TEXT, make_model
-from typer.testing import CliRunner
-
-from llmctl.cli.main import app
+from hf_support import imported_with_data
 
 pytestmark = [pytest.mark.slow]
 STEPS = 12
@@ -50,16 +46,7 @@ def test_init_from_hf_first_loss_is_transformers_loss_and_falls(tmp_path: Path) 
     from llmctl.config import compose
     from llmctl.train import run_in_process
 
-    src = make_model("mistral", tmp_path / "hf")  # vocab 256: no padding columns in the loss
-    res = CliRunner().invoke(app, ["import", "hf", str(src), "--out", str(tmp_path / "mc")])
-    assert res.exit_code == 0, res.output
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT))
-    prefix = tmp_path / "data" / "docs"
-    res = CliRunner().invoke(
-        app, ["data", "preprocess", str(docs), "-t", str(src), "--out", str(prefix)]
-    )
-    assert res.exit_code == 0, res.output
+    src, prefix = imported_with_data(tmp_path)  # mistral, vocab 256: no padding columns in the loss
     run_dir = tmp_path / "run"
     cfg = compose(
         str(tmp_path / "mc" / "recipe.yaml"),

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hf_support import TEXT, hf_logits, make_model
+from hf_support import hf_logits, imported_with_data, make_model
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -80,16 +80,7 @@ def test_init_from_at_pp2_vpp2_first_loss_is_transformers_loss(tmp_path: Path) -
     from llmctl.train.data import build_datasets, resolve_data
     from llmctl.train.rundir import create_run_dir
 
-    src = make_model("mistral", tmp_path / "hf")  # vocab 256: no padded logits in the loss
-    res = CliRunner().invoke(app, ["import", "hf", str(src), "--out", str(tmp_path / "mc")])
-    assert res.exit_code == 0, res.output
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT))
-    prefix = tmp_path / "data" / "docs"
-    res = CliRunner().invoke(
-        app, ["data", "preprocess", str(docs), "-t", str(src), "-o", str(prefix)]
-    )
-    assert res.exit_code == 0, res.output
+    src, prefix = imported_with_data(tmp_path)  # mistral, vocab 256: no padded logits in the loss
     run_dir = tmp_path / "run"
     cfg = compose(
         str(tmp_path / "mc" / "recipe.yaml"),
