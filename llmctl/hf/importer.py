@@ -34,6 +34,7 @@ from typing import Any
 from llmctl.errors import UserError
 from llmctl.hf import mapping as M
 from llmctl.hf.config import family_of, load_hf_config, model_fields
+from llmctl.staging import publish
 
 MARKER = "import.json"
 _IGNORED = ("rotary_emb.inv_freq",)
@@ -270,9 +271,7 @@ def import_hf(
     try:
         base, num_params = _write(plan, staging, out, on_progress)
         (staging / MARKER).write_text(json.dumps(_info(plan, base), indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+        publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

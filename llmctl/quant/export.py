@@ -558,15 +558,13 @@ def export_hf(
     if ckpt.tokenizer is None:
         raise UserError(f"run {ckpt.run_dir}: tokenizer not found; pass --tokenizer PATH")
     out.parent.mkdir(parents=True, exist_ok=True)
-    from llmctl.quant.quantize import staging_dir
+    from llmctl.staging import publish, staging_dir
 
     staging = staging_dir(out)
     try:
         with progress.phase(f"export step {ckpt.step}: load, convert, write", 3) as phase:
             num_params, shards = _write_dir(ckpt, staging, max_shard_bytes, phase)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+        publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -35,6 +35,7 @@ from llmctl.quant.schemes import (
     quantized_linears,
     theoretical_bits_per_weight,
 )
+from llmctl.staging import publish, staging_dir
 
 REPORT_FILE = "quant_report.json"
 DEFAULT_EVAL_TOKENS = 16384
@@ -359,16 +360,6 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(src / name, dst / name)
 
 
-def staging_dir(out: Path) -> Path:
-    """A hidden sibling of `out` to write into (mode 0755, not mkdtemp's 0700)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o777 & ~umask)
-    return path
-
-
 def _set_config_dtype(model_dir: Path, dtype: str) -> None:
     """Record the dtype the model was quantized in (llm-compressor keeps the source's)."""
     name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
@@ -378,13 +369,6 @@ def _set_config_dtype(model_dir: Path, dtype: str) -> None:
     if "torch_dtype" in config:
         config["torch_dtype"] = name
     path.write_text(json.dumps(config, indent=2) + "\n")
-
-
-def _publish(staging: Path, out: Path) -> None:
-    """Move the finished output into place (replacing an old one only now, under --force)."""
-    if out.exists():
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    staging.rename(out)
 
 
 class _Phases:
@@ -513,7 +497,7 @@ def run_quantization(plan: QuantPlan, progress: Progress = NO_PROGRESS) -> Quant
         (staging / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
         if log.is_file():
             log.replace(staging / LOG_FILE)
-        _publish(staging, req.out)
+        publish(staging, req.out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
