@@ -5,7 +5,9 @@ real signals: the console script is started as a user starts it."""
 from __future__ import annotations
 
 import os
+import random
 import signal
+import string
 import subprocess
 import sys
 import time
@@ -19,17 +21,28 @@ from llmctl.data.tokenizer import train_bpe
 pytestmark = pytest.mark.slow
 
 
+NUM_FILES = 48
+
+
 def _inputs(root: Path) -> tuple[Path, Path]:
-    """A folder of text files: one small (its chunk finishes first) and two of ~3 MB (one
-    document each, several seconds of tokenizing), and a small tokenizer."""
-    texts = [p.read_text(encoding="utf-8", errors="replace") for _, p in stdlib_sources()[:300]]
-    blob = "\n".join(texts)
+    """A folder of 48 text files of 1.1 MB (one document and one chunk each) of made-up words,
+    and a small tokenizer. Made-up words miss the tokenizer's word cache (repeated source code
+    tokenized at 50 MB/s: three such files finished within 30 ms of each other, before the
+    signal). Here a chunk takes ~50 ms on one core of the 2-core CI host, so two workers need
+    over a second for all 48 and a signal sent within ~10 ms of the first finished chunk finds
+    most of them still to do."""
+    texts = [p.read_text(encoding="utf-8", errors="replace") for _, p in stdlib_sources()[:50]]
+    rng = random.Random(0)
+    words = " ".join(
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 12))) for _ in range(250_000)
+    )
+    size = 1_100_000
     folder = root / "docs"
     folder.mkdir()
-    (folder / "a_small.txt").write_text(blob[:1_200_000])
-    for name in ("b_big.txt", "c_big.txt"):
-        (folder / name).write_text((blob * (3_000_000 // len(blob) + 1))[:3_000_000])
-    tok = train_bpe(texts[:50], root / "tok", vocab_size=512)
+    for i in range(NUM_FILES):
+        start = (i * 37_117) % (len(words) - size)
+        (folder / f"doc_{i:02d}.txt").write_text(words[start : start + size])
+    tok = train_bpe(texts, root / "tok", vocab_size=512)
     return folder, tok
 
 
@@ -63,7 +76,7 @@ def test_signal_stops_workers_and_keeps_finished_chunks(
     while not list(work.glob("shard_*.done.json")):
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < deadline, "no chunk finished in time"
-        time.sleep(0.05)
+        time.sleep(0.005)
     workers = _children(proc.pid)
     assert workers, "no pool workers seen"
     # SIGTERM goes to the main process (as `kill PID` or SLURM's); Ctrl-C to the whole
@@ -77,13 +90,13 @@ def test_signal_stops_workers_and_keeps_finished_chunks(
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert "chunks done and kept in" in lines[0] and "run the same command again" in lines[0]
-    deadline = time.monotonic() + 10  # the big chunks need far longer than this to finish
+    deadline = time.monotonic() + 10
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(w) for w in workers), "pool workers still running after the signal"
     kept = len(list(work.glob("shard_*.done.json")))
-    assert kept < 3 and not prefix.with_suffix(".bin").exists()
-    assert f"{kept} of 3 chunks done" in lines[0]
+    assert 1 <= kept < NUM_FILES and not prefix.with_suffix(".bin").exists()
+    assert f"{kept} of {NUM_FILES} chunks done" in lines[0]
     out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert f'"num_chunks_resumed": {kept}' in out.stdout
