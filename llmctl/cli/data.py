@@ -12,8 +12,6 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from llmctl.data.choices import DedupMode, Launcher, TokenizerKind, Unit, Verify
 from llmctl.data.readers import OnError
@@ -62,6 +60,9 @@ def _out_opt(help_text: str) -> Any:
 
 
 def _show(summary: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table("field", "value", title=title)
     for key, value in summary.items():
         if isinstance(value, float):
@@ -182,6 +183,8 @@ def dedup_cmd(
         return
     examples = report.pop("examples")
     _show(report, "dedup" + (" (dry run)" if dry_run else f" -> {cfg.output_dir}"))
+    from rich.console import Console
+
     for ex in examples[:5]:
         Console().print(f"[bold]{ex['size']}x[/] kept {ex['kept']}: {ex['snippet'][:80]!r}")
 

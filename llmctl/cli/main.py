@@ -1,7 +1,8 @@
 """The `llmctl` Typer application: one module per command group, composed here.
 
-Command modules stay light at import time (no torch, megatron or transformers): `llmctl --help`
-must answer in well under a second.
+Commands load lazily (`llmctl.cli.lazy`): `llmctl --help` reads the table below and running a
+command imports only its own module. Command modules stay light at import time too (no torch,
+megatron or transformers).
 """
 
 from __future__ import annotations
@@ -12,9 +13,42 @@ from typing import Annotated
 import typer
 
 from llmctl import __version__
+from llmctl.cli.lazy import LazyCommand, LazyGroup
+
+_L = LazyCommand
+COMMANDS: tuple[LazyCommand, ...] = (
+    _L("topo", "llmctl.cli.topo", "topo",
+       "Probe GPUs (NVML), NVLink, PCIe/NUMA, RDMA NICs, CPUs, memory and the SLURM job."),
+    _L("plan", "llmctl.cli.plan", "plan",
+       "Search parallel layouts; rank those that fit by predicted step time."),
+    _L("train", "llmctl.cli.train", "train",
+       "Train a recipe with megatron-core: locally (torchrun), over ssh (hostfile) or on SLURM."),
+    _L("status", "llmctl.cli.jobs", "status",
+       "Where a run stands: SLURM state (scontrol), last step and loss from metrics.jsonl."),
+    _L("logs", "llmctl.cli.jobs", "logs",
+       "Print a run's console output (SLURM output file or the launcher's copy)."),
+    _L("quantize", "llmctl.cli.quant", "quantize",
+       "Quantize to a compressed-tensors model (transformers and vLLM load it) and report."),
+    _L("checkpoints", "llmctl.cli.checkpoints", "checkpoints",
+       "List the checkpoints of a run, newest first, and whether each would load."),
+    _L("resume", "llmctl.cli.resume", "resume",
+       "Resume RUN_DIR from its newest valid checkpoint (same launch path as `llmctl train`)."),
+    _L("recipes", "llmctl.cli.recipes", "app", "List shipped recipes and show a resolved one."),
+    _L("data", "llmctl.cli.data", "app",
+       "Preprocess text into Megatron's indexed format, deduplicate it, train tokenizers."),
+    _L("export", "llmctl.cli.quant", "export_app", "Export a llmctl checkpoint to another format."),
+    _L("import", "llmctl.cli.hf", "import_app", "Import a model from another format."),
+)  # fmt: skip
+"""Every command: `llmctl --help` lists this table; a command's module loads when it runs."""
+
+
+class _Root(LazyGroup):
+    LAZY = COMMANDS
+
 
 app = typer.Typer(
     name="llmctl",
+    cls=_Root,
     help="Take an LLM training job from raw text to a quantized, servable model on megatron-core.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -48,39 +82,6 @@ def _root(
         import os
 
         os.environ["LLMCTL_VERBOSE"] = "1"
-
-
-def _register() -> None:
-    """Attach every command group. Each line imports one light CLI module."""
-    from llmctl.cli import plan, recipes, topo
-
-    app.add_typer(recipes.app, name="recipes")
-    app.command(name="topo")(topo.topo)
-    app.command(name="plan")(plan.plan)
-    from llmctl.cli import train as train_cli
-
-    app.command(name="train")(train_cli.train)
-    from llmctl.cli import jobs
-
-    app.command(name="status")(jobs.status)
-    app.command(name="logs")(jobs.logs)
-    from llmctl.cli import data
-
-    app.add_typer(data.app, name="data")
-    from llmctl.cli import quant
-
-    app.add_typer(quant.export_app, name="export")
-    from llmctl.cli import hf
-
-    app.add_typer(hf.import_app, name="import")
-    app.command(name="quantize")(quant.quantize)
-    from llmctl.cli import checkpoints, resume
-
-    app.command(name="checkpoints")(checkpoints.checkpoints)
-    app.command(name="resume")(resume.resume)
-
-
-_register()
 
 
 def main() -> None:
