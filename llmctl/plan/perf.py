@@ -14,7 +14,9 @@ stage's forward + backward of one micro-batch. Inside a slot:
   sequence into 2*CP chunks); the unfused kernel as score GEMMs plus softmax/mask passes.
 - Element-wise kernels (norms, activations, casts) at HBM bandwidth, a fixed
   `efficiency.layer_overhead_us` per layer, `efficiency.chunk_overhead_us` per virtual stage.
-- Exposed communication: tensor-parallel all-gathers/reduce-scatters (1 - `tp_overlap`), the
+- Exposed communication: tensor-parallel all-gathers/reduce-scatters (the forward ones and
+  SP's row-parallel backward gathers at 1 - `tp_overlap`, the column-parallel backward ones
+  under their GEMMs as megatron-core schedules them), the
   context-parallel K/V ring beyond the attention time that hides it, MoE all-to-alls.
 
 Outside the slots: pipeline sends/receives (2 per micro-batch per virtual stage, so their
@@ -48,9 +50,14 @@ from llmctl.plan.specs import (
 
 #: Output tile of a tensor-core GEMM (rows x columns) for wave quantization.
 TILE = 128
-#: HBM bytes per element of the a*s*s score matrix for the unfused kernel (fwd + bwd:
-#: write, softmax read/write, mask/dropout, and the same backward).
-UNFUSED_SCORE_BYTES = 16.0
+#: HBM bytes per element of the a*s*s score matrix moved by the unfused kernel (bf16 scores,
+#: 1-byte dropout mask), forward: Q.K^T writes S (2), scale-mask-softmax reads S and writes P
+#: (4), dropout reads P, writes P' and the mask (5), P'.V reads P' (2).
+UNFUSED_SCORE_FWD_BYTES = 13.0
+#: ... backward: dP' written and P' read by the V-side GEMMs (4), dropout backward reads dP'
+#: and the mask, writes dP (5), softmax backward reads P and dP, writes dS (6), the Q/K-side
+#: GEMMs read dS twice (4). Recompute (selective or full) runs the forward bytes again.
+UNFUSED_SCORE_BWD_BYTES = 19.0
 #: Attention chunk length (tokens) at which flash attention runs at half its long-chunk rate.
 ATTENTION_CHUNK_KNEE = 256.0
 #: NVLink collective latency per ring step, microseconds.
@@ -197,7 +204,8 @@ def _attention_s(
     if run.attention == AttentionKernel.unfused:
         scores = lay.micro_batch_size * model.num_attention_heads / lay.tp
         scores *= model.seq_length / lay.cp * model.seq_length
-        memory = UNFUSED_SCORE_BYTES * scores * mul / (cluster.hbm_bandwidth_gb_s * 1e9)
+        passes = UNFUSED_SCORE_FWD_BYTES * (3.0 * mul - 2.0) + UNFUSED_SCORE_BWD_BYTES
+        memory = passes * scores / (cluster.hbm_bandwidth_gb_s * 1e9)
         return 2.0 * flops / (cluster.tflops(dtype16) * 1e12) + memory
     chunk = model.seq_length / (2 * lay.cp) if lay.cp > 1 else float(model.seq_length)
     rate = cluster.peak_tflops.get(dtype16, cluster.tflops(dtype16)) * 1e12
@@ -263,9 +271,7 @@ def _slot_cached(
     eff = cluster.efficiency
     per_layer = eff.layer_overhead_us * fwd + eff.cp_step_overhead_us * (cp_size - 1)
     overhead = (layers * per_layer + vpp * eff.chunk_overhead_us) * 1e-6
-    msg = tok * model.hidden_size * 2.0
-    n_coll = 12 if recompute == Recompute.full else 8
-    tp = layers * n_coll * ring_time(cluster, tp_size, tp_size, msg) * (1.0 - eff.tp_overlap)
+    tp = layers * _tp_comm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, sp, fwd)
     kv = 2.0 * tok * model.num_query_groups * model.kv_channels * 2.0 / tp_size
     bw, lat = _link(cluster, tp_size * cp_size)
     ring = 3.0 * (cp_size - 1) * (kv / bw + lat) if cp_size > 1 else 0.0
@@ -283,6 +289,63 @@ def _slot_cached(
         cp=cp,
         moe=moe,
     )
+
+
+def layer_s(model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout) -> float:
+    """Seconds of one transformer layer's forward + backward for one micro-batch (what
+    Korthikanti et al. 2022 Table 4 measures): a one-layer slot without per-chunk costs."""
+    slot = _slot(model, cluster, run, layout, 1, False)
+    return slot.total - layout.vpp * cluster.efficiency.chunk_overhead_us * 1e-6
+
+
+@lru_cache(maxsize=65536)
+def _tp_comm_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    dtype: str,
+    tok: float,
+    tp: int,
+    ep: int,
+    sp: bool,
+    fwd: float,
+) -> float:
+    """Exposed tensor-parallel communication seconds of one layer and micro-batch.
+
+    Counted in units of one all-gather or reduce-scatter of the layer's [tokens, hidden]
+    bf16 activation (an all-reduce is two). Each forward (two with full recompute) runs two
+    all-reduces, or with sequence parallelism two all-gathers and two reduce-scatters. In the
+    backward, megatron-core's `LinearWithGradAccumulationAndAsyncCommunication` launches the
+    column-parallel layers' (QKV, fc1) collectives asynchronously: the data-gradient
+    all-reduce, or with SP the input re-gather and the data-gradient reduce-scatter, run
+    under the data- and weight-gradient GEMMs (4 units, hidden up to those GEMMs' time at
+    `overlap_cost`); SP's row-parallel layers all-gather their output gradient exposed (2).
+    `tp_overlap` is the share of the exposed units hidden beyond that (e.g. Transformer
+    Engine's userbuffer overlap).
+    """
+    if tp == 1:
+        return 0.0
+    eff = cluster.efficiency
+    unit = ring_time(cluster, tp, tp, tok * model.hidden_size * 2.0)
+    exposed = (4.0 * fwd + (2.0 if sp else 0.0)) * unit * (1.0 - eff.tp_overlap)
+    window = column_bwd_gemm_s(model, cluster, dtype, tok, tp, ep)
+    return exposed + _exposed(4.0 * unit, window, eff.overlap_cost)
+
+
+@lru_cache(maxsize=65536)
+def column_bwd_gemm_s(
+    model: ModelSpec, cluster: ClusterSpec, dtype: str, tokens: float, tp: int, ep: int
+) -> float:
+    """Backward GEMM seconds of one layer's column-parallel layers (QKV, fc1) on one TP rank:
+    the compute that hides megatron-core's asynchronous backward TP collectives."""
+    h, d = model.hidden_size, model.kv_channels
+    q, kv = model.num_attention_heads * d, model.num_query_groups * d
+    width = 2 if model.gated_mlp else 1
+    t = _fwd_bwd(cluster, dtype, tokens, (q + 2 * kv) / tp, h, 0.0)
+    if not model.is_moe:
+        return t + _fwd_bwd(cluster, dtype, tokens, width * model.ffn_hidden_size / tp, h, 0.0)
+    local = max(1, model.num_experts // ep)
+    m_e = max(1.0, tokens * model.moe_router_topk / local)
+    return t + local * _fwd_bwd(cluster, dtype, m_e, width * model.expert_ffn / tp, h, 0.0)
 
 
 @lru_cache(maxsize=65536)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmctl.plan.layout import Layout
+from llmctl.plan.perf import layer_s
 from llmctl.plan.specs import (
     AttentionKernel,
     ClusterSpec,
@@ -93,3 +94,24 @@ def measured_step_s(row: dict[str, Any], model: ModelSpec) -> float:
         return float(row["step_s"])
     tokens = row["gbs"] * model.seq_length
     return float(tokens / (float(row["tokens_per_s_per_gpu"]) * row["gpus"]))
+
+
+def layer_row_s(
+    table: dict[str, Any], row: dict[str, Any], shape: dict[str, Any], cluster: ClusterSpec
+) -> tuple[float, float]:
+    """(predicted, measured) seconds of one per-layer row of Korthikanti et al. 2022 Table 4
+    (`table` carries the model's TP and micro-batch, `row` SP, recompute and the time)."""
+    model = model_spec(table["model"], shape)
+    run = RunSpec(
+        global_batch_size=table["mbs"],
+        compute_dtype="bf16",
+        params_dtype="bf16",
+        attention=AttentionKernel.unfused,
+    )
+    layout = Layout(
+        tp=table["tp"],
+        micro_batch_size=table["mbs"],
+        sequence_parallel=row["sp"],
+        recompute=Recompute(row["recompute"]),
+    )
+    return layer_s(model, cluster, run, layout), row["combined_ms"] * 1e-3

@@ -262,6 +262,11 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
         if reason:
             rej.add(reason)
         opts = _options(inp, tp, pp)
+        if dp * cp == 1 and c.sharding is None:
+            # One rank per optimizer-sharding group: megatron-core's distributed optimizer and
+            # FSDP shard over nothing, so they are the same run as no sharding (FSDP only adds
+            # gathered-layer memory); counting them would triple such layouts in the ranks.
+            opts = [(sp, rc, [Sharding.none]) for sp, rc, _ in opts]
         if pp > 1 and c.sharding == Sharding.full:
             rej.add("full sharding (FSDP) needs PP=1")
         for mbs in mbss:

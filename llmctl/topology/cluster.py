@@ -44,26 +44,27 @@ GPU_ACHIEVABLE_FRACTION = {
 CPU_ACHIEVABLE_FRACTION = {"fp32": 0.3, "bf16": 0.3}
 _A100_EFFICIENCY = {
     "attention": 0.4975,
-    "tp_overlap": 0.0475,
+    "tp_overlap": 0.0,
     "p2p_overlap": 0.9,
-    "elementwise_passes": 13.0,
-    "layer_overhead_us": 0.0,
+    "elementwise_passes": 10.8,
+    "layer_overhead_us": 475.0,
     "chunk_overhead_us": 450.0,
     "cp_step_overhead_us": 1200.0,
+    "step_overhead_s": 0.0375,
 }
 _H100_EFFICIENCY = {
     "attention": 0.4975,
     "tp_overlap": 0.4125,
     "p2p_overlap": 0.9,
     "elementwise_passes": 16.85,
-    "layer_overhead_us": 35.0,
+    "layer_overhead_us": 30.0,
     "chunk_overhead_us": 450.0,
     "cp_step_overhead_us": 1200.0,
 }
 #: Step-time knobs fitted on published runs (benchmarks/plan_fit.py), per GPU key: the same
 #: values as configs/cluster/dgx_a100_80gb.yaml and dgx_h100.yaml (a test keeps them equal).
 FITTED: dict[str, tuple[dict[str, float], dict[str, float]]] = {
-    "a100_80gb_sxm": ({"bf16": 0.7575, "fp16": 0.7575}, _A100_EFFICIENCY),
+    "a100_80gb_sxm": ({"bf16": 0.8262, "fp16": 0.8262}, _A100_EFFICIENCY),
     "h100_sxm": ({"fp8": 0.64}, _H100_EFFICIENCY),
     "h200_sxm": ({"fp8": 0.64}, _H100_EFFICIENCY),
 }
