@@ -134,7 +134,17 @@ class ShardWriter:
     def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Append documents given as one flat token array and per-document lengths (a 0 is a
         document without tokens: a document-index entry, no sequence)."""
+        self.add_tokens(tokens)
+        self.add_lengths(lengths)
+
+    def add_tokens(self, tokens: np.ndarray) -> None:
+        """Append token ids to `.bin` (any part of the stream; `add_lengths` says where
+        documents end)."""
         self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).data)  # no copy
+
+    def add_lengths(self, lengths: np.ndarray) -> None:
+        """Record documents by their token counts (0: a document without tokens); their
+        tokens are the next ones given to `add_tokens`, before or after this call."""
         self._lengths.append(np.asarray(lengths, dtype=np.int32))
 
     def close(self) -> int:

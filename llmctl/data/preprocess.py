@@ -7,7 +7,10 @@ single sequential pass regardless of worker count, then commits it (see `manifes
 
 Memory is bounded by the chunk size: a worker holds one batch of texts and the lengths of one
 chunk; the merge holds one shard's lengths at a time. A 10x larger input makes more chunks,
-not bigger ones.
+not bigger ones. A document above `STREAM_BYTES` is held once, as its input bytes, and
+decoded and tokenized a segment at a time (with a tokenizer that can be cut, see
+`tokenizer`); ids go to the shard one engine call at a time. So a worker's peak is a constant
+plus about one byte per byte of its largest document (docs/data.md, "Memory").
 
 Restarting after an interruption reuses every shard already done, provided the plan (input
 checksums, tokenizer checksum, options) is unchanged; otherwise the work folder is discarded.
@@ -53,7 +56,7 @@ from llmctl.data.readers import (
     iter_documents,
     plan_chunks,
 )
-from llmctl.data.tokenizer import Tokenizer, TokenizerSpec, resolve_tokenizer
+from llmctl.data.tokenizer import Text, Tokenizer, TokenizerSpec, resolve_tokenizer
 from llmctl.errors import UserError
 
 
@@ -166,11 +169,20 @@ def _init_worker(
     _WORKER["dtype"] = indexed.token_dtype(tok.vocab_size)
 
 
+STREAM_BYTES = 1 << 20
+"""Documents larger than this (input bytes) are read as segment streams (see `readers`)."""
+
+
 def _encode_batch(
-    texts: list[str], tok: Tokenizer, append_eod: bool, dtype: type
-) -> tuple[np.ndarray, np.ndarray]:
-    # Megatron-LM: no EOD for a document without tokens; long documents go in pieces
-    return tok.encode_docs(texts, append_eod=append_eod, dtype=dtype)
+    batch: list[Document], tok: Tokenizer, writer: indexed.ShardWriter, append_eod: bool
+) -> np.ndarray:
+    """Tokenize a batch straight into the shard (ids written one engine call at a time, never
+    assembled into one array); return the per-document lengths. Megatron-LM: no EOD for a
+    document without tokens."""
+    texts: list[Text] = [d.stream or d.text for d in batch]
+    lengths = tok.encode_into(texts, writer.add_tokens, append_eod=append_eod, dtype=writer.dtype)
+    writer.add_lengths(lengths)
+    return lengths
 
 
 def _batches(docs: Iterator[Document], max_docs: int, max_bytes: int) -> Iterator[list[Document]]:
@@ -201,17 +213,19 @@ def _run_chunk(chunk: Chunk) -> dict[str, Any]:
         log=log,
         max_doc_bytes=cfg.max_doc_bytes,
         keep_empty=not cfg.drop_empty,
+        keep_raw=False,
+        stream_bytes=STREAM_BYTES if tok.splittable else 0,
     )
     counts = {"docs": 0, "tokens": 0, "bytes": 0, "empty": 0}
     for batch in _batches(docs, cfg.batch_docs, cfg.batch_bytes):
-        flat, lengths = _encode_batch([d.text for d in batch], tok, cfg.append_eod, dtype)
-        writer.add_documents(flat, lengths)
-        nbytes = sum(d.num_bytes for d in batch)
+        lengths = _encode_batch(batch, tok, writer, cfg.append_eod)
+        nbytes, ntokens = sum(d.num_bytes for d in batch), int(lengths.sum(dtype=np.int64))
         counts["docs"] += len(batch)
         counts["empty"] += int(np.count_nonzero(lengths == 0))
-        counts["tokens"] += len(flat)
+        counts["tokens"] += ntokens
         counts["bytes"] += nbytes
-        q(ProgressUpdate(len(batch), len(flat), nbytes))
+        q(ProgressUpdate(len(batch), ntokens, nbytes))
+        del batch
     writer.close()
     final = work_dir / f"shard_{chunk.index:06d}"
     os.replace(indexed.bin_path(tmp_prefix), indexed.bin_path(final))

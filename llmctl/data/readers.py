@@ -18,6 +18,19 @@ and a blank JSONL line, which Megatron-LM cannot parse, is a structural problem;
 A compressed file that ends before its end-of-stream marker (a truncated download) is reported
 as truncated, with the compressed byte offset and the last complete line; the partial line
 before the cut is not parsed.
+
+Memory (issue 12). With `stream_bytes`, a document larger than that (a text file, or a JSONL
+line whose text field is one string) is not decoded into one `str`: its `Document.stream`
+holds the input bytes once and yields the text in decoded segments of about 256 KiB, cut
+where no UTF-8 sequence or JSON escape is split. Python stores a `str` at 1, 2 or 4 bytes per
+character (4 for all of it once one character is above U+FFFF), so a whole-document `str` of
+mostly-ASCII text with a few emoji costs 4 bytes per input byte, and decoding a JSONL line
+holds the line, its decoded copy and the parsed text at once. The stream is checked in full
+(UTF-8, JSON escapes, lone surrogates, the rest of the record) before the document is
+yielded, so bad input is reported before any of its tokens are written; a record the
+streaming path cannot take apart (the text not a top-level string field, say) goes the
+ordinary way. Long JSONL lines are read in one allocation of their exact size (a plain
+`readline` builds them from 8 KiB pieces and joins them: two copies at once).
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -121,15 +135,83 @@ class Chunk:
     line_base: int = 0
 
 
+SEGMENT_BYTES = 1 << 18
+"""Input bytes decoded per `TextStream` segment, about."""
+_JSON_CUT = re.compile(rb"[^\\]{5}[\x00-\x5b\x5d-\x7f]")
+"""A position (the last byte matched) that no JSON escape spans: an ASCII byte other than a
+backslash, with no backslash in the five bytes before it (an escape is at most 6 bytes)."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True, slots=True)
+class TextStream:
+    """The text of a huge document as its input bytes, decoded a segment at a time.
+
+    `data[start:end]` is UTF-8 text (a text file) or, with `escaped`, the body of a JSON
+    string (a JSONL line's text field, between its quotes).
+    """
+
+    data: bytes
+    start: int
+    end: int
+    escaped: bool = False
+
+    def segments(self, segment_bytes: int = SEGMENT_BYTES) -> Iterator[str]:
+        """The text, in order, as `str` segments of about `segment_bytes` input bytes.
+
+        Raises:
+            UnicodeDecodeError, ValueError: the bytes are not valid UTF-8 / a valid JSON string
+                body (`check` finds this first).
+        """
+        pos = self.start
+        while pos < self.end:
+            cut = self._cut(pos + segment_bytes)
+            part = self.data[pos:cut]
+            pos = cut
+            text = part.decode("utf-8")
+            del part
+            yield json.loads(f'"{text}"') if self.escaped else text
+
+    def _cut(self, target: int) -> int:
+        """A cut at or after `target` that splits no UTF-8 sequence or JSON escape."""
+        if target >= self.end:
+            return self.end
+        if self.escaped:
+            m = _JSON_CUT.search(self.data, max(target - 5, self.start), self.end)
+            return m.end() - 1 if m else self.end
+        while target < self.end and self.data[target] & 0xC0 == 0x80:
+            target += 1
+        return target
+
+    def check(self) -> bool:
+        """Whether every segment decodes, with no lone surrogate escape (bounded memory)."""
+        try:
+            for seg in self.segments():
+                if self.escaped and _has_lone_surrogate(seg):
+                    return False
+        except ValueError:  # UnicodeDecodeError and json.JSONDecodeError included
+            return False
+        return True
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    # a paired surrogate escape decodes to one character above U+FFFF, never to a surrogate
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class Document:
-    """One document: its text, where it came from, and its raw record (JSONL line bytes)."""
+    """One document: its text, where it came from, and its raw record (JSONL line bytes).
+
+    A huge document read with `stream_bytes` has `text == ""` and its text in `stream`.
+    """
 
     text: str
     path: str
     line: int
     num_bytes: int
     raw: bytes | None = None
+    stream: TextStream | None = None
 
 
 def input_kind(path: Path) -> InputKind:
@@ -378,20 +460,11 @@ class _Reporter:
         self.log.add(path, line, problem, detail)
 
 
-def _lone_surrogate(raw: bytes, text: str) -> int | None:
-    """Index of a lone surrogate (a JSON escape like \\ud800 that is not valid Unicode text)."""
-    if b"\\ud" not in raw and b"\\uD" not in raw:
-        return None
+def _jsonl_text(box: list[bytes], text_field: str) -> tuple[str | None, Problem | None, str]:
+    """The text field of the line in `box` (taken out of it, so the line can be freed once
+    decoded: only the decoded line and the parsed text exist together)."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
-
-
-def _jsonl_text(raw: bytes, text_field: str) -> tuple[str | None, Problem | None, str]:
-    try:
-        decoded = raw.decode("utf-8")
+        decoded = box.pop().decode("utf-8")
     except UnicodeDecodeError as e:
         return None, Problem.INVALID_UTF8, f"byte {e.start}"
     try:
@@ -403,50 +476,136 @@ def _jsonl_text(raw: bytes, text_field: str) -> tuple[str | None, Problem | None
     text = record[text_field]
     if not isinstance(text, str):
         return None, Problem.NOT_STRING, type(text).__name__
-    if (at := _lone_surrogate(raw, text)) is not None:
+    surrogate_escape = "\\ud" in decoded or "\\uD" in decoded
+    del decoded, record
+    if surrogate_escape and (at := _lone_surrogate(text)) is not None:
         return None, Problem.INVALID_UTF8, f"lone surrogate escape at character {at}"
     return text, None, ""
 
 
-def _jsonl_lines(chunk: Chunk) -> Iterator[bytes]:
+def _lone_surrogate(text: str) -> int | None:
+    """Index of a lone surrogate (a JSON escape like \\ud800 that is not valid Unicode text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+_SPAN_MARK = rb"\u0000llmctl-span\u0000"
+_KEY_END = re.compile(rb'\s*:\s*"')
+
+
+def _text_stream(raw: bytes, text_field: str) -> TextStream | None:
+    """The text field of a JSONL line as a checked `TextStream`, or None where the line is
+    not a valid record whose top-level `text_field` is a string found here (the caller then
+    parses it whole, which also names the problem).
+
+    The field's string is located by its key; the rest of the record (the line with that
+    string replaced by a mark) is parsed with `json.loads`, which must find the mark under
+    `text_field`, so the located string is the one the parser would return.
+    """
+    key = json.dumps(text_field).encode()
+    at = raw.find(key)
+    m = _KEY_END.match(raw, at + len(key)) if at >= 0 else None
+    if m is None:
+        return None
+    start = end = m.end()
+    while (end := raw.find(b'"', end)) >= 0:
+        k = end
+        while raw[k - 1] == 0x5C:  # a quote after an odd run of backslashes is escaped
+            k -= 1
+        if (end - k) % 2 == 0:
+            break
+        end += 1
+    if end < 0:
+        return None
+    try:
+        record = json.loads(b"".join([raw[:start], _SPAN_MARK, raw[end:]]).decode())
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get(text_field) != "\x00llmctl-span\x00":
+        return None
+    stream = TextStream(raw, start, end, escaped=True)
+    return stream if stream.check() else None
+
+
+_LONG_LINE = 1 << 20
+
+
+def _read_line(f: IO[bytes]) -> bytes:
+    """The next line; a long one read in one allocation of its exact size."""
+    head = f.readline(_LONG_LINE)
+    if len(head) < _LONG_LINE or head.endswith(b"\n"):
+        return head
+    start, n = f.tell() - len(head), len(head)
+    del head
+    while block := f.read(1 << 20):
+        nl = block.find(b"\n")
+        n += len(block) if nl < 0 else nl + 1
+        if nl >= 0:
+            break
+    f.seek(start)
+    return f.read(n)
+
+
+def _jsonl_lines(chunk: Chunk) -> Iterator[list[bytes]]:
+    """The chunk's lines, each in a one-element list that the reader empties (so no frame here
+    keeps a huge line alive once the reader has let go of it)."""
     path = chunk.paths[0]
     if chunk.compressed:
-        yield from compressed_lines(path)
+        for line in compressed_lines(path):
+            box = [line]
+            del line
+            yield box
         return
     with open(path, "rb") as f:
         if chunk.start:
             f.seek(chunk.start)
         pos = chunk.start
-        for raw in f:
-            if 0 <= chunk.end <= pos:
+        while not 0 <= chunk.end <= pos:
+            box = [_read_line(f)]
+            if not box[0]:
                 break
-            pos += len(raw)
-            yield raw
+            pos += len(box[0])
+            yield box
 
 
 def _iter_jsonl(
-    chunk: Chunk, text_field: str, report: _Reporter, max_doc_bytes: int, keep_empty: bool
+    chunk: Chunk,
+    text_field: str,
+    report: _Reporter,
+    opts: _ReadOptions,
 ) -> Iterator[Document]:
     path, line = chunk.paths[0], chunk.line_base
     try:
-        for raw in _jsonl_lines(chunk):
+        for box in _jsonl_lines(chunk):
             line += 1
-            if len(raw) > max_doc_bytes:
-                report(path, line, Problem.TOO_LARGE, f"{len(raw)} bytes > {max_doc_bytes}")
+            size = len(box[0])
+            if size > opts.max_doc_bytes:
+                report(path, line, Problem.TOO_LARGE, f"{size} bytes > {opts.max_doc_bytes}")
                 continue
-            if not raw.strip():
-                if keep_empty:
+            if not box[0] or box[0].isspace():
+                if opts.keep_empty:
                     report(path, line, Problem.BLANK_LINE, "not a JSON record")
                 else:
                     report(path, line, Problem.EMPTY, "blank line")
                 continue
-            text, problem, detail = _jsonl_text(raw, text_field)
+            if 0 < opts.stream_bytes < size and opts.keep_empty:
+                stream = _text_stream(box[0], text_field)
+                if stream is not None:
+                    box.clear()
+                    yield Document("", path, line, size, None, stream)
+                    continue
+            raw = box[0] if opts.keep_raw else None
+            text, problem, detail = _jsonl_text(box, text_field)
             if text is None:
                 report(path, line, problem or Problem.INVALID_JSON, detail)
-            elif not keep_empty and not text.strip():
+            elif not opts.keep_empty and not text.strip():
                 report(path, line, Problem.EMPTY)
             else:
-                yield Document(text, path, line, len(raw), raw)
+                yield Document(text, path, line, size, raw)
+            del text, raw
     except TruncatedError as e:
         report(path, line + 1, Problem.TRUNCATED, f"{e}; lines up to {line} were read")
 
@@ -481,14 +640,12 @@ def _read_whole(path: str) -> bytes:
     return b"".join(decompressed_blocks(path))
 
 
-def _iter_text(
-    chunk: Chunk, report: _Reporter, max_doc_bytes: int, keep_empty: bool
-) -> Iterator[Document]:
+def _iter_text(chunk: Chunk, report: _Reporter, opts: _ReadOptions) -> Iterator[Document]:
     for path in chunk.paths:
         try:
             size = Path(path).stat().st_size
-            if size > max_doc_bytes:
-                report(path, 1, Problem.TOO_LARGE, f"{size} bytes > {max_doc_bytes}")
+            if size > opts.max_doc_bytes:
+                report(path, 1, Problem.TOO_LARGE, f"{size} bytes > {opts.max_doc_bytes}")
                 continue
             data = _read_whole(path)
         except TruncatedError as e:
@@ -497,15 +654,28 @@ def _iter_text(
         except (OSError, zlib.error) as e:
             report(path, 0, Problem.UNREADABLE, getattr(e, "strerror", None) or str(e))
             continue
+        if 0 < opts.stream_bytes < len(data) and opts.keep_empty:
+            stream = TextStream(data, 0, len(data))
+            if stream.check():
+                yield Document("", path, 1, len(data), None, stream)
+                continue
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             report(path, data[: e.start].count(b"\n") + 1, Problem.INVALID_UTF8, f"byte {e.start}")
             continue
-        if not keep_empty and not text.strip():
+        if not opts.keep_empty and not text.strip():
             report(path, 1, Problem.EMPTY)
             continue
-        yield Document(text, path, 1, len(data), data)
+        yield Document(text, path, 1, len(data), data if opts.keep_raw else None)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadOptions:
+    max_doc_bytes: int
+    keep_empty: bool
+    keep_raw: bool
+    stream_bytes: int
 
 
 def iter_documents(
@@ -516,6 +686,8 @@ def iter_documents(
     log: ProblemLog | None = None,
     max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
     keep_empty: bool = False,
+    keep_raw: bool = True,
+    stream_bytes: int = 0,
 ) -> Iterator[Document]:
     """Yield the good documents of one chunk, in order; record or raise on bad ones.
 
@@ -527,18 +699,23 @@ def iter_documents(
         max_doc_bytes: larger records are bad input.
         keep_empty: yield empty and whitespace-only documents (Megatron-LM's rule) instead of
             skipping and counting them; blank JSONL lines are then bad input.
+        keep_raw: keep each record's input bytes in `Document.raw` (dedup copies them out);
+            without it a JSONL line is freed as soon as it is decoded.
+        stream_bytes: with `keep_empty`, documents larger than this (input bytes) come as a
+            `Document.stream` of decoded segments instead of one `str` (0: never).
 
     Raises:
         BadInputError: a structural problem under `on_error=fail`.
     """
     report = _Reporter(on_error, log if log is not None else ProblemLog())
+    opts = _ReadOptions(max_doc_bytes, keep_empty, keep_raw, stream_bytes)
     try:
         if chunk.kind is InputKind.JSONL:
-            yield from _iter_jsonl(chunk, text_field, report, max_doc_bytes, keep_empty)
+            yield from _iter_jsonl(chunk, text_field, report, opts)
         elif chunk.kind is InputKind.PARQUET:
             yield from _iter_parquet(chunk, text_field, report, keep_empty)
         else:
-            yield from _iter_text(chunk, report, max_doc_bytes, keep_empty)
+            yield from _iter_text(chunk, report, opts)
     except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, OSError) and chunk.kind is InputKind.TEXT:
             raise

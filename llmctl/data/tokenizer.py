@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -106,6 +106,19 @@ PIECE_CHARS = 1 << 18
 _CALL_CHARS = 1 << 18
 _CUT = re.compile(r"[A-Za-z0-9][ \n]")
 _PROBED: dict[tuple[Any, ...], bool] = {}
+
+
+class TextSegments(Protocol):
+    """A document's text given as consecutive pieces (a reader's `TextStream`), so that the
+    whole text never has to exist as one `str`."""
+
+    def segments(self) -> Iterator[str]:
+        """The text, in order, in pieces of any size."""
+        ...
+
+
+Text = str | TextSegments
+TokenSink = Callable[[np.ndarray], object]
 
 
 class Engine(StrEnum):
@@ -220,70 +233,111 @@ class Tokenizer:
         out: list[list[int]] = self._encode(texts)
         return out
 
+    @property
+    def splittable(self) -> bool:
+        """Whether long documents are encoded in pieces (and segment streams are not joined)."""
+        return self._splittable
+
     def encode_docs(
-        self, texts: list[str], *, append_eod: bool = True, dtype: Any = np.int32
+        self, texts: list[Text], *, append_eod: bool = True, dtype: Any = np.int32
     ) -> tuple[np.ndarray, np.ndarray]:
         """Encode documents into one flat `dtype` array and per-document lengths (int32).
 
-        As Megatron-LM's preprocess_data.py: the EOD is appended to every document that has
-        tokens, never to one without. Long documents are encoded in pieces (see the module
-        docstring), so peak memory is about that of one piece plus the ids.
+        As `encode_into`, with the ids collected into one array.
         """
         parts: list[np.ndarray] = []
+        lengths = self.encode_into(texts, parts.append, append_eod=append_eod, dtype=dtype)
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        return flat, lengths
+
+    def encode_into(
+        self, texts: list[Text], sink: TokenSink, *, append_eod: bool = True, dtype: Any = np.int32
+    ) -> np.ndarray:
+        """Encode documents, handing the ids to `sink` one engine call at a time; return the
+        per-document lengths (int32, EOD included).
+
+        The ids reach `sink` in document order, in `dtype`, with the EOD after each document
+        that has tokens and never after one without (Megatron-LM's preprocess_data.py). Long
+        documents and segment streams are encoded in pieces (see the module docstring), so
+        memory is that of one call (about 256 Ki characters), whatever the document size.
+        """
         lengths = np.zeros(len(texts), dtype=np.int64)
-        for units, owner in self._calls(texts):
+        eod = np.asarray(self.eod, dtype=dtype)
+        for units, owner, last in self._calls(texts):
             ids, off = self._flat(units)
+            del units
             np.add.at(lengths, owner, np.diff(off))
-            parts.append(ids.astype(dtype))
-            del ids, units
-        eod_after = np.cumsum(lengths)[lengths > 0] if append_eod else np.zeros(0, np.int64)
-        flat = _assemble(parts, eod_after, self.eod, dtype)
+            out = ids.astype(dtype)
+            del ids
+            if append_eod and (ends := off[1:][last & (lengths[owner] > 0)]).size:
+                out = np.insert(out, ends, eod)
+            sink(out)
+            del out
         if append_eod:
             lengths += lengths > 0
-        return flat, lengths.astype(np.int32)
+        return lengths.astype(np.int32)
 
-    def _calls(self, texts: list[str]) -> Iterator[tuple[list[str], np.ndarray]]:
-        """Engine calls of about `_CALL_CHARS` characters: the texts, long ones cut lazily
-        into pieces (so at most one call's pieces exist at a time), with each unit's document.
-        """
-        if not self._splittable or all(len(t) <= self.piece_chars for t in texts):
-            yield texts, np.arange(len(texts))
+    def _calls(self, texts: list[Text]) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+        """Engine calls of about `_CALL_CHARS` characters: the units (texts, or pieces of long
+        ones, cut lazily so at most one call's pieces exist at a time), each unit's document,
+        and whether it is its document's last unit."""
+        strs = [t for t in texts if isinstance(t, str)]
+        if len(strs) == len(texts) and (
+            not self._splittable or all(len(t) <= self.piece_chars for t in strs)
+        ):
+            yield strs, np.arange(len(strs)), np.ones(len(strs), dtype=bool)
             return
+        del strs
         units: list[str] = []
         owner: list[int] = []
+        last: list[bool] = []
         size = 0
         for i, text in enumerate(texts):
-            for piece in iter_pieces(text, self.piece_chars):
+            for piece, is_last in _with_last(self._pieces(text)):
                 if size and size + len(piece) > max(_CALL_CHARS, self.piece_chars):
-                    yield units, np.asarray(owner, dtype=np.int64)
-                    units, owner, size = [], [], 0
+                    yield units, np.asarray(owner, dtype=np.int64), np.asarray(last, dtype=bool)
+                    units, owner, last, size = [], [], [], 0
                 units.append(piece)
                 owner.append(i)
+                last.append(is_last)
                 size += len(piece)
         if units:
-            yield units, np.asarray(owner, dtype=np.int64)
+            yield units, np.asarray(owner, dtype=np.int64), np.asarray(last, dtype=bool)
+
+    def _pieces(self, text: Text) -> Iterator[str]:
+        if isinstance(text, str):
+            return iter_pieces(text, self.piece_chars) if self._splittable else iter([text])
+        if self._splittable:
+            return iter_stream_pieces(text.segments(), self.piece_chars)
+        return iter(["".join(text.segments())])
 
 
-def _assemble(parts: list[np.ndarray], eod_after: np.ndarray, eod: int, dtype: Any) -> np.ndarray:
-    """Concatenate `parts` (emptying the list) with an EOD after each stream position in
-    `eod_after`. Several parts (a cut document) are copied one at a time into an output whose
-    pages become resident only as they are written, each part freed once copied, so the peak is
-    about one copy of the ids rather than two."""
-    if len(parts) <= 1:
-        flat = parts.pop() if parts else np.zeros(0, dtype=dtype)
-        return np.insert(flat, eod_after, np.asarray(eod, dtype)) if len(eod_after) else flat
-    total = sum(len(p) for p in parts)
-    out = np.empty(total + len(eod_after), dtype=dtype)
-    start = 0
-    parts.reverse()
-    while parts:
-        part = parts.pop()
-        pos = np.arange(start, start + len(part), dtype=np.int64)
-        out[pos + np.searchsorted(eod_after, pos, side="right")] = part
-        start += len(part)
-        del part, pos
-    out[eod_after + np.arange(len(eod_after))] = eod
-    return out
+def _with_last(items: Iterator[str]) -> Iterator[tuple[str, bool]]:
+    """Each item with whether it is the last one (an empty input gives one empty item)."""
+    prev = next(items, "")
+    for item in items:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
+def iter_stream_pieces(segments: Iterable[str], piece_chars: int) -> Iterator[str]:
+    """`iter_pieces` over text that arrives in segments: pieces of about `piece_chars` cut at
+    the same kind of safe cut (anywhere in the text, segment boundaries included); segment
+    boundaries themselves are not cuts."""
+    buf, scanned = "", 0
+    for seg in segments:
+        buf += seg
+        while len(buf) > piece_chars:
+            lo = max(piece_chars // 2, scanned - 1)
+            m = _CUT.search(buf, lo, piece_chars + 1) if lo <= piece_chars else None
+            m = m or _CUT.search(buf, max(piece_chars, scanned - 1))
+            if m is None:
+                scanned = len(buf)
+                break
+            yield buf[: m.start() + 1]
+            buf, scanned = buf[m.start() + 1 :], 0
+    yield buf
 
 
 def iter_pieces(text: str, piece_chars: int) -> Iterator[str]:
