@@ -25,7 +25,13 @@ from llmctl.config.planning import cluster_spec, plan_input
 from llmctl.plan import ClusterSpec, Layout, PlanInput, Recompute, Sharding, evaluate, plan
 from llmctl.plan.flops import step_flops
 from llmctl.plan.memory import layer_activation_bytes
-from llmctl.plan.reference import measured_step_s, model_spec, row_input, row_layout
+from llmctl.plan.reference import (
+    layer_row_s,
+    measured_step_s,
+    model_spec,
+    row_input,
+    row_layout,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "plan"
 PUBLISHED = json.loads((FIXTURES / "published_runs.json").read_text())
@@ -138,11 +144,15 @@ def test_bridge_layouts_rank_in_the_top_10(recipe: str) -> None:
     assert _rank(_recipe(recipe), BRIDGE_RECIPES[recipe]) <= 10
 
 
+#: Worst rank each Korthikanti layout must reach. The goal is 10; the 22B layout (TP8, one
+#: micro-batch of 4) ranks 14th: 13 layouts with half its tensor-parallel traffic (TP4 with
+#: FSDP or PP2 interleaving, TP2 with FSDP) are predicted 0.2-4.2 % faster, less than the
+#: model's error on that very row (docs/planner.md, "Picks").
+KORTHIKANTI_RANK = {"megatron_22b": 15, "gpt3_175b": 10, "megatron_530b": 10, "megatron_1t": 10}
+
+
 @pytest.mark.parametrize("model", KORTHIKANTI["models"], ids=lambda m: m["name"])
 def test_korthikanti_layouts_rank_among_the_fastest(model: dict[str, Any]) -> None:
-    """The paper's layouts (SP + selective recompute) rank top 10 for 530B and 1T; for 22B and
-    175B the model prefers TP4 (A100 runs hide no TP communication) and ranks them 19-23:
-    asserted as <= 25, reported in docs/planner.md as not meeting the top-10 goal."""
     layout = Layout(
         tp=model["tp"],
         pp=model["pp"],
@@ -151,8 +161,39 @@ def test_korthikanti_layouts_rank_among_the_fastest(model: dict[str, Any]) -> No
         recompute=Recompute.selective,
         sharding=Sharding.none,
     )
-    limit = 10 if model["name"] in ("megatron_530b", "megatron_1t") else 25
-    assert _rank(_recipe(model["recipe"]), layout) <= limit
+    assert _rank(_recipe(model["recipe"]), layout) <= KORTHIKANTI_RANK[model["name"]]
+
+
+def test_one_rank_sharding_groups_are_one_layout() -> None:
+    """With DP*CP = 1 the distributed optimizer and FSDP shard over nothing: the search lists
+    such a layout once (no sharding), so ranks count distinct runs."""
+    res = plan(_recipe("gpt3_175b_pretrain_64gpu_a100_bf16"), suggest=False)
+    ones = [e.layout for e in res.ranked if e.layout.dp * e.layout.cp == 1]
+    assert ones and all(lay.sharding == Sharding.none for lay in ones)
+    assert len(set(ones)) == len(ones)
+
+
+TABLE4 = KORTHIKANTI["table4"]
+
+
+@pytest.mark.parametrize("row", TABLE4["rows"], ids=lambda r: r["name"].replace(" ", "_"))
+def test_korthikanti_table4_layer_times(row: dict[str, Any]) -> None:
+    """Per-layer forward + backward time of the 22B model (Table 4; these rows are in the A100
+    fit, so this pins the model's shape: SP, selective and full recompute per layer)."""
+    pred, measured = layer_row_s(
+        TABLE4, row, PUBLISHED["models"]["gpt_22b"], _cluster("dgx_a100_80gb")
+    )
+    assert pred == pytest.approx(measured, rel=0.06)
+
+
+def test_korthikanti_table4_recompute_overheads() -> None:
+    """Full recompute costs about one more forward (Table 4: +39 %), selective recompute a few
+    percent (+7 %); the model must keep that order and size."""
+    shape, cluster = PUBLISHED["models"]["gpt_22b"], _cluster("dgx_a100_80gb")
+    by_name = {r["name"]: layer_row_s(TABLE4, r, shape, cluster)[0] for r in TABLE4["rows"]}
+    base = by_name["baseline no recompute"]
+    assert 0.30 < by_name["baseline with recompute"] / base - 1 < 0.48
+    assert 0.0 < by_name["selective recompute"] / base - 1 < 0.12
 
 
 def test_micro_batch_size_and_vpp_change_the_step_time() -> None:
