@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,23 @@ pytest.importorskip("megatron.core")
 from llmctl.config import compose
 from llmctl.train import ckpt_store as store
 
-ITERS = 24  # long enough that a signal sent after step 5 always lands mid-run
+# A signal sent once step 5 is logged reaches the handler within ~15 ms (5 ms polls, the
+# GIL's 5 ms switch interval); the 19 steps left take >= 0.3 s even on a host 3x faster
+# than the 2-core CI one (~40 ms a step with one thread), so it always lands mid-run.
+ITERS = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One intra-op thread for the whole module (the baseline and every run it is compared
+    with): two OpenMP threads spinning against each other on a loaded 2-core host made a step
+    take 0.6 s instead of 0.04 s (see the one_thread fixture in conftest.py)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -161,20 +176,25 @@ def test_signal_checkpoints_then_resume_matches(
     _, losses = baseline
     metrics = tmp_path / "metrics.jsonl"
 
+    ended = threading.Event()
+
     def preempt_after_step_5() -> None:  # like SLURM's --signal: arrives mid-run
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        # No deadline of its own: on a slow host it waits as long as training takes to reach
+        # step 5; it gives up only once training has ended (then pytest.raises fails).
+        while not ended.wait(0.005):
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
                 os.kill(os.getpid(), signum)
                 return
-            time.sleep(0.005)
 
     sender = threading.Thread(target=preempt_after_step_5, daemon=True)
     sender.start()
     before = signal.getsignal(signum)
-    with pytest.raises(TrainingStopped) as info:  # sync saves at 4 must keep the handlers
-        _train(_cfg(corpus, ITERS, f"checkpoint.async_save={async_save}"), tmp_path)
-    sender.join()
+    try:
+        with pytest.raises(TrainingStopped) as info:  # sync saves at 4 must keep the handlers
+            _train(_cfg(corpus, ITERS, f"checkpoint.async_save={async_save}"), tmp_path)
+    finally:
+        ended.set()
+        sender.join()
     assert info.value.code == 128 + signum
     stopped_at = store.read_latest(tmp_path / "checkpoints")
     assert stopped_at is not None and 5 <= stopped_at < ITERS
