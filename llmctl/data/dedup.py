@@ -20,12 +20,13 @@ S-curve at (1/20)**(1/6) = 0.61 so that a pair at Jaccard 0.8 is a candidate wit
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -42,7 +43,7 @@ from llmctl.data.minhash import (
     ShingleUnit,
     band_keys,
     candidate_probability,
-    compute_signatures,
+    hash_documents,
     normalize,
     shingle_hashes,
 )
@@ -61,8 +62,12 @@ from llmctl.data.outputs import (
 from llmctl.data.readers import (
     BadInputError,
     Chunk,
+    Document,
+    InputKind,
     OnError,
     ProblemLog,
+    TruncatedError,
+    compressed_lines,
     discover,
     iter_documents,
     plan_chunks,
@@ -177,37 +182,59 @@ _RUN_ONLY = {
 
 
 def signature_shard(chunk: Chunk, cfg: DedupConfig, work_dir: Path) -> dict[str, Any]:
-    """Hash one chunk's documents into `sig_<index>.npz`; return its counts."""
-    import xxhash
+    """Hash one chunk's documents into `sig_<index>.npz`; return its counts.
 
+    The chunk is read once: exact hashes, MinHash signatures, LSH keys and (with exact
+    verification) the shingle hashes, kept in `sig_<index>.shingles.npy` so that verification
+    never reads or hashes the input again.
+    """
     log = ProblemLog()
     docs = list(
         iter_documents(chunk, text_field=cfg.text_field, on_error=OnError(cfg.on_error), log=log)
     )
-    norm = cfg.normalization()
     where = {p: i for i, p in enumerate(chunk.paths)}
     texts = [d.text for d in docs]
-    digests = [xxhash.xxh3_128_intdigest(normalize(t, norm).encode("utf-8")) for t in texts]
-    exact = np.array([[d >> 64, d & 0xFFFFFFFFFFFFFFFF] for d in digests], dtype=np.uint64)
     arrays: dict[str, np.ndarray] = {
-        "exact": exact.reshape(len(docs), 2),
+        "exact": exact_hashes(texts, cfg.normalization()),
         "lines": np.array([d.line for d in docs], dtype=np.int64),
         "path_idx": np.array([where[d.path] for d in docs], dtype=np.int32),
     }
+    del docs
     if cfg.mode is not DedupMode.EXACT:
-        sig = compute_signatures(
-            texts, MinHasher(cfg.num_perm, cfg.seed), ngram=cfg.ngram, unit=cfg.unit, norm=norm
-        )
-        arrays["keys"] = band_keys(sig, cfg.bands, cfg.rows)
+        keep = cfg.verify is Verify.EXACT
+        hashed = hash_documents(
+            texts, MinHasher(cfg.num_perm, cfg.seed), ngram=cfg.ngram, unit=cfg.unit,
+            norm=cfg.normalization(), keep_shingles=keep,
+        )  # fmt: skip
+        arrays["keys"] = band_keys(hashed.signatures, cfg.bands, cfg.rows)
         if cfg.verify is Verify.SIGNATURE:
-            arrays["sig"] = sig
+            arrays["sig"] = hashed.signatures
+        if hashed.shingles is not None and hashed.offsets is not None:
+            arrays["sh_off"] = hashed.offsets
+            _save_npy(work_dir / f"sig_{chunk.index:06d}.shingles.npy", hashed.shingles)
     tmp = work_dir / f"sig_{chunk.index:06d}.tmp.npz"
     np.savez(tmp, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, work_dir / f"sig_{chunk.index:06d}.npz")
-    result: dict[str, Any] = {"index": chunk.index, "docs": len(docs), "bytes": chunk.num_bytes}
+    result: dict[str, Any] = {"index": chunk.index, "docs": len(texts), "bytes": chunk.num_bytes}
     result["problems"] = log.as_dict()
     write_json_atomic(work_dir / f"sig_{chunk.index:06d}.done.json", result)
     return result
+
+
+def exact_hashes(texts: list[str], norm: Normalization) -> np.ndarray:
+    """(len(texts), 2) uint64: xxh3-128 of each normalised text."""
+    import xxhash
+
+    digests = [xxhash.xxh3_128_intdigest(normalize(t, norm).encode("utf-8")) for t in texts]
+    exact = np.array([[d >> 64, d & 0xFFFFFFFFFFFFFFFF] for d in digests], dtype=np.uint64)
+    return exact.reshape(len(texts), 2)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)
 
 
 _STATE: dict[str, Any] = {}
@@ -257,6 +284,8 @@ class Shards:
     keys: np.ndarray | None
     sig: np.ndarray | None
     problems: ProblemLog = field(default_factory=ProblemLog)
+    shingles: list[np.ndarray] | None = None
+    sh_off: list[np.ndarray] | None = None
 
     @property
     def num_docs(self) -> int:
@@ -267,6 +296,10 @@ class Shards:
         """`path:line` of a document."""
         c = int(np.searchsorted(self.doc_offsets, doc, side="right")) - 1
         return f"{self.chunks[c].paths[int(self.path_idx[doc])]}:{self.lines[doc]}"
+
+    def chunk_of(self, doc: int) -> int:
+        """Index of the chunk holding a document."""
+        return int(np.searchsorted(self.doc_offsets, doc, side="right")) - 1
 
 
 def load_shards(chunks: list[Chunk], work_dir: Path) -> Shards:
@@ -289,7 +322,13 @@ def load_shards(chunks: list[Chunk], work_dir: Path) -> Shards:
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     exact, lines, path_idx = cat("exact"), cat("lines"), cat("path_idx")
     assert exact is not None and lines is not None and path_idx is not None
-    return Shards(chunks, offsets, exact, lines, path_idx, cat("keys"), cat("sig"), log)
+    shards = Shards(chunks, offsets, exact, lines, path_idx, cat("keys"), cat("sig"), log)
+    if parts and "sh_off" in parts[0]:
+        shards.sh_off = [p["sh_off"] for p in parts]
+        shards.shingles = [
+            np.load(work_dir / f"sig_{c.index:06d}.shingles.npy", mmap_mode="r") for c in chunks
+        ]
+    return shards
 
 
 def exact_edges(exact: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -322,13 +361,24 @@ def lsh_edges(keys: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndar
     return pairs[:, 0], pairs[:, 1]
 
 
-def collect_documents(
-    shards: Shards, cfg: DedupConfig, wanted: np.ndarray
-) -> dict[int, tuple[np.ndarray, str]]:
-    """Re-read only the chunks holding `wanted` docs: their unique shingles and a snippet."""
+def shingle_sets(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, np.ndarray]:
+    """The unique shingle hashes of the `wanted` documents: from step 1's files when it kept
+    them (exact verification), else by reading and hashing those documents again."""
+    if shards.shingles is None or shards.sh_off is None:
+        return _rehash(shards, cfg, wanted)
+    out: dict[int, np.ndarray] = {}
+    for doc in (int(w) for w in wanted):
+        c = shards.chunk_of(doc)
+        local = doc - int(shards.doc_offsets[c])
+        off = shards.sh_off[c]
+        out[doc] = np.unique(shards.shingles[c][off[local] : off[local + 1]])
+    return out
+
+
+def _chunk_texts(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, str]:
+    """Texts of the `wanted` documents, read again from the chunks holding them."""
     wanted_set = set(int(w) for w in wanted)
-    out: dict[int, tuple[np.ndarray, str]] = {}
-    norm = cfg.normalization()
+    out: dict[int, str] = {}
     for ci, chunk in enumerate(shards.chunks):
         lo, hi = int(shards.doc_offsets[ci]), int(shards.doc_offsets[ci + 1])
         local = {w - lo for w in wanted_set if lo <= w < hi}
@@ -337,13 +387,66 @@ def collect_documents(
         docs = iter_documents(
             chunk, text_field=cfg.text_field, on_error=OnError.SKIP, log=ProblemLog()
         )
-        texts = {i: d.text for i, d in enumerate(docs) if i in local}
-        ids = sorted(texts)
-        for start in range(0, len(ids), 128):
-            batch = ids[start : start + 128]
-            h, off = shingle_hashes([texts[i] for i in batch], cfg.ngram, cfg.unit, norm)
-            for j, i in enumerate(batch):
-                out[lo + i] = (np.unique(h[off[j] : off[j + 1]]), texts[i][:160])
+        out.update({lo + i: d.text for i, d in enumerate(docs) if i in local})
+    return out
+
+
+def _rehash(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, np.ndarray]:
+    texts = _chunk_texts(shards, cfg, wanted)
+    ids = sorted(texts)
+    out: dict[int, np.ndarray] = {}
+    for start in range(0, len(ids), 128):
+        batch = ids[start : start + 128]
+        h, off = shingle_hashes([texts[i] for i in batch], cfg.ngram, cfg.unit, cfg.normalization())
+        for j, i in enumerate(batch):
+            out[i] = np.unique(h[off[j] : off[j + 1]])
+    return out
+
+
+def raw_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a JSONL chunk's lines, unparsed, numbered as the reader does.
+
+    A truncated archive ends the lines quietly: step 1 already reported it.
+    """
+    number = chunk.line_base
+    try:
+        if chunk.compressed:
+            for raw in compressed_lines(chunk.paths[0]):
+                number += 1
+                yield number, raw
+            return
+        with open(chunk.paths[0], "rb") as f:
+            f.seek(chunk.start)
+            pos = chunk.start
+            for raw in f:
+                if 0 <= chunk.end <= pos:
+                    break
+                pos += len(raw)
+                number += 1
+                yield number, raw
+    except TruncatedError:
+        return
+
+
+def snippets(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, str]:
+    """The first 160 characters of the `wanted` documents (JSONL: only their lines parsed)."""
+    by_chunk: dict[int, dict[int, int]] = {}
+    for doc in (int(w) for w in wanted):
+        by_chunk.setdefault(shards.chunk_of(doc), {})[int(shards.lines[doc])] = doc
+    out: dict[int, str] = {}
+    others: list[int] = []
+    for c, want in by_chunk.items():
+        if shards.chunks[c].kind is not InputKind.JSONL:
+            others.extend(want.values())
+            continue
+        last = max(want)
+        for number, raw in raw_lines(shards.chunks[c]):
+            if number in want:
+                out[want[number]] = str(json.loads(raw)[cfg.text_field])[:160]
+            if number >= last:
+                break
+    texts = _chunk_texts(shards, cfg, np.array(others, dtype=np.int64)) if others else {}
+    out.update({d: t[:160] for d, t in texts.items()})
     return out
 
 
@@ -356,7 +459,7 @@ def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
 
 def verify_edges(
     shards: Shards, cfg: DedupConfig, src: np.ndarray, dst: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, str]]]:
+) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
     """Keep the candidate edges whose similarity reaches the threshold."""
     if cfg.verify is Verify.NONE or not len(src):
         return src, dst, {}
@@ -365,8 +468,8 @@ def verify_edges(
         est = np.mean(shards.sig[src] == shards.sig[dst], axis=1)
         keep = est >= cfg.threshold
         return src[keep], dst[keep], {}
-    docs = collect_documents(shards, cfg, np.unique(np.concatenate([src, dst])))
-    sims = np.array([_jaccard(docs[a][0], docs[b][0]) for a, b in zip(src, dst, strict=True)])
+    docs = shingle_sets(shards, cfg, np.unique(np.concatenate([src, dst])))
+    sims = np.array([_jaccard(docs[a], docs[b]) for a, b in zip(src, dst, strict=True)])
     keep = sims >= cfg.threshold
     return src[keep], dst[keep], docs
 
@@ -387,13 +490,13 @@ class Clusters:
         return mask
 
 
-def cluster(shards: Shards, cfg: DedupConfig) -> tuple[Clusters, dict[int, tuple[np.ndarray, str]]]:
+def cluster(shards: Shards, cfg: DedupConfig) -> tuple[Clusters, dict[int, np.ndarray]]:
     """Step 2: exact groups plus verified LSH candidates, joined into components."""
     n = shards.num_docs
     es, ed = exact_edges(shards.exact)
     if cfg.mode is DedupMode.FUZZY:
         es, ed = es[:0], ed[:0]
-    docs: dict[int, tuple[np.ndarray, str]] = {}
+    docs: dict[int, np.ndarray] = {}
     fs, fd = np.zeros(0, np.int64), np.zeros(0, np.int64)
     num_candidates = 0
     if cfg.mode is not DedupMode.EXACT and shards.keys is not None:
@@ -421,7 +524,7 @@ def _wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]
 
 
 def estimate_precision(
-    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: dict[int, tuple[np.ndarray, str]]
+    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: dict[int, np.ndarray]
 ) -> dict[str, Any]:
     """Share of fuzzily removed documents whose true Jaccard with the kept one >= threshold."""
     removed = np.flatnonzero(~clusters.keep)
@@ -431,8 +534,8 @@ def estimate_precision(
     need = np.unique(np.concatenate([sample, clusters.labels[sample]]))
     missing = np.array([d for d in need if int(d) not in docs], dtype=np.int64)
     if len(missing):
-        docs.update(collect_documents(shards, cfg, missing))
-    sims = [_jaccard(docs[int(d)][0], docs[int(clusters.labels[d])][0]) for d in sample]
+        docs.update(shingle_sets(shards, cfg, missing))
+    sims = [_jaccard(docs[int(d)], docs[int(clusters.labels[d])]) for d in sample]
     hits = sum(s >= cfg.threshold for s in sims)
     low, high = _wilson(hits, len(sims))
     return {
@@ -444,14 +547,12 @@ def estimate_precision(
 
 
 def _examples(
-    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: dict[int, tuple[np.ndarray, str]]
+    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: dict[int, np.ndarray]
 ) -> list[dict[str, Any]]:
     labels = clusters.labels
     reps, sizes = np.unique(labels[~clusters.keep], return_counts=True)
     top = reps[np.argsort(-sizes, kind="stable")][: cfg.num_examples]
-    missing = np.array([r for r in top if int(r) not in docs], dtype=np.int64)
-    if len(missing):
-        docs.update(collect_documents(shards, cfg, missing))
+    text = snippets(shards, cfg, top)
     out = []
     for r in top:
         members = np.flatnonzero(labels == r)
@@ -460,7 +561,7 @@ def _examples(
                 "size": len(members),
                 "kept": shards.location(int(r)),
                 "removed": [shards.location(int(m)) for m in members[1:6]],
-                "snippet": docs[int(r)][1][:120],
+                "snippet": text[int(r)][:120],
             }
         )
     return out
@@ -495,7 +596,7 @@ def build_report(
     shards: Shards,
     cfg: DedupConfig,
     clusters: Clusters,
-    docs: dict[int, tuple[np.ndarray, str]],
+    docs: dict[int, np.ndarray],
     started: float,
 ) -> DedupReport:
     """Counts, examples and the precision estimate."""
@@ -553,27 +654,47 @@ def output_names(chunks: list[Chunk]) -> list[str]:
 
 
 def write_kept(shards: Shards, cfg: DedupConfig, keep: np.ndarray, out_tmp: Path) -> None:
-    """Copy the kept records, file by file, in their input format."""
+    """Copy the kept records, file by file, in their input format (JSONL lines as they are,
+    found by line number without parsing them again)."""
     from llmctl.data.writers import RecordWriter
 
     root = _common_root(shards.chunks)
     writers: dict[str, RecordWriter] = {}
+
+    def writer(path: str, kind: InputKind) -> RecordWriter:
+        if path not in writers:
+            target = out_tmp / _output_name(str(Path(path).resolve()), root)
+            writers[path] = RecordWriter(target, kind, cfg.text_field)
+        return writers[path]
+
     try:
         for ci, chunk in enumerate(shards.chunks):
-            lo = int(shards.doc_offsets[ci])
+            lo, hi = int(shards.doc_offsets[ci]), int(shards.doc_offsets[ci + 1])
+            if chunk.kind is InputKind.JSONL:
+                _copy_lines(chunk, shards.lines[lo:hi][keep[lo:hi]], writer)
+                continue
             docs = iter_documents(
                 chunk, text_field=cfg.text_field, on_error=OnError.SKIP, log=ProblemLog()
             )
             for i, doc in enumerate(docs):
-                if not keep[lo + i]:
-                    continue
-                if doc.path not in writers:
-                    target = out_tmp / _output_name(str(Path(doc.path).resolve()), root)
-                    writers[doc.path] = RecordWriter(target, chunk.kind, cfg.text_field)
-                writers[doc.path].write(doc)
+                if keep[lo + i]:
+                    writer(doc.path, chunk.kind).write(doc)
     finally:
         for w in writers.values():
             w.close()
+
+
+def _copy_lines(chunk: Chunk, kept_lines: np.ndarray, writer: Callable[..., Any]) -> None:
+    """Write the lines of a JSONL chunk whose numbers are in `kept_lines` (sorted)."""
+    if not len(kept_lines):
+        return
+    path, wanted, last = chunk.paths[0], set(kept_lines.tolist()), int(kept_lines[-1])
+    out = writer(path, chunk.kind)
+    for number, raw in raw_lines(chunk):
+        if number in wanted:
+            out.write(Document("", path, number, len(raw), raw))
+        if number >= last:
+            break
 
 
 # ---------------------------------------------------------------- driver

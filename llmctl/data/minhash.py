@@ -279,11 +279,47 @@ def compute_signatures(
     norm: Normalization | None = None,
 ) -> np.ndarray:
     """(len(texts), num_perm) signatures, in cache-sized batches of documents."""
-    parts = [
-        hasher.signatures(*shingle_hashes(texts[i : i + _BATCH_DOCS], ngram, unit, norm))
-        for i in range(0, len(texts), _BATCH_DOCS)
-    ]
-    return np.concatenate(parts) if parts else np.zeros((0, hasher.num_perm), np.uint32)
+    return hash_documents(texts, hasher, ngram=ngram, unit=unit, norm=norm).signatures
+
+
+@dataclass(frozen=True, slots=True)
+class Hashed:
+    """Signatures of a list of documents and, if asked for, their shingle hashes."""
+
+    signatures: np.ndarray
+    """(num_docs, num_perm) uint32."""
+    shingles: np.ndarray | None = None
+    """uint32 shingle hashes of all documents, document i's at offsets[i]:offsets[i+1]."""
+    offsets: np.ndarray | None = None
+    """(num_docs + 1,) int64 offsets into `shingles`."""
+
+
+def hash_documents(
+    texts: list[str],
+    hasher: MinHasher,
+    *,
+    ngram: int = 5,
+    unit: ShingleUnit = ShingleUnit.WORD,
+    norm: Normalization | None = None,
+    keep_shingles: bool = False,
+) -> Hashed:
+    """Signatures in cache-sized batches; with `keep_shingles`, the shingle hashes too (one
+    pass over the text serves both MinHash and exact Jaccard verification)."""
+    sigs, hashes, counts = [], [], []
+    for i in range(0, len(texts), _BATCH_DOCS):
+        h, off = shingle_hashes(texts[i : i + _BATCH_DOCS], ngram, unit, norm)
+        sigs.append(hasher.signatures(h, off))
+        if keep_shingles:
+            hashes.append(h)
+            counts.append(np.diff(off))
+    sig = np.concatenate(sigs) if sigs else np.zeros((0, hasher.num_perm), np.uint32)
+    if not keep_shingles:
+        return Hashed(sig)
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    if counts:
+        np.cumsum(np.concatenate(counts), out=offsets[1:])
+    shingles = np.concatenate(hashes) if hashes else np.zeros(0, np.uint32)
+    return Hashed(sig, shingles, offsets)
 
 
 def _doc_blocks(offsets: np.ndarray, docs: np.ndarray) -> list[np.ndarray]:
