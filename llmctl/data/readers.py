@@ -21,7 +21,7 @@ before the cut is not parsed.
 
 Memory (issue 12). With `stream_bytes`, a document larger than that (a text file, or a JSONL
 line whose text field is one string) is not decoded into one `str`: its `Document.stream`
-holds the input bytes once and yields the text in decoded segments of about 256 KiB, cut
+holds the input bytes once and yields the text in decoded segments of about 64 KiB, cut
 where no UTF-8 sequence or JSON escape is split. Python stores a `str` at 1, 2 or 4 bytes per
 character (4 for all of it once one character is above U+FFFF), so a whole-document `str` of
 mostly-ASCII text with a few emoji costs 4 bytes per input byte, and decoding a JSONL line
@@ -135,7 +135,7 @@ class Chunk:
     line_base: int = 0
 
 
-SEGMENT_BYTES = 1 << 18
+SEGMENT_BYTES = 1 << 16
 """Input bytes decoded per `TextStream` segment, about."""
 _JSON_CUT = re.compile(rb"[^\\]{5}[\x00-\x5b\x5d-\x7f]")
 """A position (the last byte matched) that no JSON escape spans: an ASCII byte other than a
@@ -156,16 +156,17 @@ class TextStream:
     end: int
     escaped: bool = False
 
-    def segments(self, segment_bytes: int = SEGMENT_BYTES) -> Iterator[str]:
-        """The text, in order, as `str` segments of about `segment_bytes` input bytes.
+    def segments(self, segment_bytes: int = 0) -> Iterator[str]:
+        """The text, in order, as `str` segments of about `segment_bytes` input bytes (0:
+        `SEGMENT_BYTES`).
 
         Raises:
             UnicodeDecodeError, ValueError: the bytes are not valid UTF-8 / a valid JSON string
                 body (`check` finds this first).
         """
-        pos = self.start
+        pos, step = self.start, segment_bytes or SEGMENT_BYTES
         while pos < self.end:
-            cut = self._cut(pos + segment_bytes)
+            cut = self._cut(pos + step)
             part = self.data[pos:cut]
             pos = cut
             text = part.decode("utf-8")
@@ -294,7 +295,7 @@ def scan_file(path: Path, chunk_bytes: int) -> FileScan:
     ranges: list[tuple[int, int, int]] = []
     start, start_line, offset, lines = 0, 0, 0, 0
     with open(path, "rb") as f:
-        while block := f.read(8 << 20):
+        while block := f.read(1 << 20):
             digest.update(block)
             target = start + chunk_bytes
             while split and target < offset + len(block):

@@ -101,9 +101,9 @@ def resolve_tokenizer(path: str | Path, kind: str | None = None) -> TokenizerSpe
 FlatEncode = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
 """texts -> (all ids concatenated, offsets): text i's ids are ids[offsets[i]:offsets[i + 1]]."""
 
-PIECE_CHARS = 1 << 18
+PIECE_CHARS = 1 << 16
 """Documents longer than this (characters) are encoded in pieces of at most about this size."""
-_CALL_CHARS = 1 << 18
+_CALL_CHARS = 1 << 16
 _CUT = re.compile(r"[A-Za-z0-9][ \n]")
 _PROBED: dict[tuple[Any, ...], bool] = {}
 
@@ -259,7 +259,7 @@ class Tokenizer:
         The ids reach `sink` in document order, in `dtype`, with the EOD after each document
         that has tokens and never after one without (Megatron-LM's preprocess_data.py). Long
         documents and segment streams are encoded in pieces (see the module docstring), so
-        memory is that of one call (about 256 Ki characters), whatever the document size.
+        memory is that of one call (about 64 Ki characters), whatever the document size.
         """
         lengths = np.zeros(len(texts), dtype=np.int64)
         eod = np.asarray(self.eod, dtype=dtype)
