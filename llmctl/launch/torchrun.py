@@ -11,6 +11,8 @@ their names appear in the rendering, in `ps` and in logs.
 Before any process starts, `check_hosts` probes every host once over ssh (BatchMode): reachable,
 the interpreter exists, the rendezvous host resolves, and neither it nor the host's own name
 resolves to a loopback address in a multi-node run (the classic `127.0.1.1 hostname` trap).
+On CUDA clusters it then runs the hardware preflight on every host (`check_hardware`: GPU
+model, memory, count, NVLink domain, NICs against the plan's cluster, as the SLURM script does).
 
 With `--max-restarts` > 0 a node lost mid-run (its ssh session ends with 255: a host crash) is
 brought back by running its rendered command again once the host answers ssh (`rejoin_node`);
@@ -244,6 +246,40 @@ def check_hosts(cfg: Any, nodes: list[NodeCommand]) -> None:
                 "launcher.ssh_options (key-based login: ssh runs with BatchMode=yes)"
             )
         check_probe(host, rdzv_host, out, python, len(nodes) > 1, nodes[0].env)
+    if cfg.cluster.device == "cuda":  # same preflight as the SLURM script, before any start
+        check_hardware(cfg, nodes)
+
+
+def render_hardware_probe(cfg: Any, host: str, python: str) -> list[str]:
+    """The ssh argv printing one host's hardware probe as JSON (pure)."""
+    probe = shlex.join([python, "-m", "llmctl.topology.preflight", "--probe"])
+    return [*ssh_base(cfg), host, probe]
+
+
+def check_hardware(cfg: Any, nodes: list[NodeCommand]) -> None:
+    """Probe every host's GPUs, NVLink and NICs over ssh and compare with the plan's cluster.
+
+    Raises:
+        UserError: one line naming the first host that differs and how.
+    """
+    from llmctl.topology.preflight import hosts_refusal
+
+    def one(host: str) -> tuple[str, str]:
+        argv = render_hardware_probe(cfg, host, python_of(cfg))
+        pipe = subprocess.PIPE
+        proc = _spawn(argv, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+        try:
+            out, _ = proc.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        return host, out.decode(errors="replace")
+
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        answers = dict(pool.map(one, [n.host for n in nodes]))
+    line = hosts_refusal(cfg.cluster, answers)
+    if line:
+        raise UserError(line)
 
 
 def secret_values(names: tuple[str, ...]) -> dict[str, str]:

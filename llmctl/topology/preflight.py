@@ -5,6 +5,11 @@ GPUs, another GPU, less memory, no NVLink or no RDMA NICs, and the first sign is
 out-of-memory error or a hang minutes into the job. Comparing a probe of each node with the
 cluster description before any rank allocates turns that into one line at start.
 
+The SLURM script runs `python -m llmctl.topology.preflight RUN_DIR` on every node before
+torchrun; the ssh launcher runs `python -m llmctl.topology.preflight --probe` on every host
+before anything starts (it prints the node's probe as JSON) and judges all answers at once
+with `hosts_refusal`.
+
 Pure: `mismatches` compares a `Topology` (probed live or parsed from `nvidia-smi topo -m`)
 with the cluster fields; what the topology does not know (topo -m carries no GPU names or
 memory, NIC rates need sysfs) is not compared.
@@ -120,6 +125,30 @@ def refusal(expected: Expected, nodes: Mapping[str, Topology]) -> str | None:
     )
 
 
+def hosts_refusal(cluster: Mapping[str, Any] | Any, answers: Mapping[str, str]) -> str | None:
+    """One refusal line for the hosts whose `--probe` answers (JSON, by host name) differ
+    from `cluster` (None when every host matches).
+
+    Raises:
+        UserError: an answer that is not a probe, naming the host.
+    """
+    import json
+
+    from llmctl.errors import UserError
+    from llmctl.topology.model import topology_from_dict
+
+    nodes = {}
+    for host, text in answers.items():
+        try:
+            nodes[host] = topology_from_dict(json.loads(text))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(
+                f"host {host}: the hardware probe (python -m llmctl.topology.preflight --probe) "
+                f"did not answer with a probe ({exc!s}); is llmctl installed there?"
+            ) from None
+    return refusal(expected_from_cluster(cluster), nodes)
+
+
 def check_run_dir(run_dir: str) -> str | None:
     """Probe this node and compare it with RUN_DIR/config.yaml's cluster (None = matches)."""
     from llmctl.config.compose import load_resolved
@@ -131,14 +160,22 @@ def check_run_dir(run_dir: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m llmctl.topology.preflight RUN_DIR`: exit 2 with one line on a mismatch."""
+    """`python -m llmctl.topology.preflight RUN_DIR`: exit 2 with one line on a mismatch;
+    `... --probe`: print this node's probe as JSON (the ssh launcher judges it)."""
+    import json
     import sys
 
     from llmctl.errors import UserError
 
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--probe"]:
+        from llmctl.topology.model import to_dict
+        from llmctl.topology.probe import probe
+
+        print(json.dumps(to_dict(probe())))
+        return 0
     if len(args) != 1:
-        print("usage: python -m llmctl.topology.preflight RUN_DIR", file=sys.stderr)
+        print("usage: python -m llmctl.topology.preflight RUN_DIR | --probe", file=sys.stderr)
         return 2
     try:
         line = check_run_dir(args[0])

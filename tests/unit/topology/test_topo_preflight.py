@@ -97,3 +97,26 @@ def test_preflight_on_this_gpu_less_host_refuses_in_one_line(tmp_path: Path) -> 
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("llmctl: hardware differs from the plan on ")
     assert "no NVIDIA GPU" in lines[0]
+
+
+def test_ssh_launcher_judges_each_hosts_probe_answer() -> None:
+    import json
+
+    import pytest
+
+    from llmctl.errors import UserError
+    from llmctl.launch.torchrun import render_hardware_probe
+    from llmctl.topology.model import to_dict
+    from llmctl.topology.preflight import hosts_refusal
+
+    cfg = compose("llama3_70b_pretrain_64gpu_h100_fp8", ["launcher=torchrun"])
+    argv = render_hardware_probe(cfg, "n1", "/venv/bin/python")
+    assert argv[-2:] == ["n1", "/venv/bin/python -m llmctl.topology.preflight --probe"]
+    h100 = json.dumps(to_dict(load_topology(FIX / "dgx_h100.txt")))
+    pcie = json.dumps(to_dict(load_topology(FIX / "pcie_8x_rtx4090.txt")))
+    assert hosts_refusal(cfg.cluster, {"n0": h100, "n1": h100}) is None
+    line = hosts_refusal(cfg.cluster, {"n0": h100, "n1": pcie})
+    assert line is not None and "\n" not in line
+    assert line.startswith("hardware differs from the plan on n1: NVLink domain of 1 GPU(s)")
+    with pytest.raises(UserError, match=r"^host n1: the hardware probe"):
+        hosts_refusal(cfg.cluster, {"n0": h100, "n1": "bash: python: command not found"})
