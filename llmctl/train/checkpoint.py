@@ -229,8 +229,8 @@ class DistCheckpointer:
         self.notice.restore()
         if self.last_saved != state.step:  # the run's last steps are in no checkpoint
             msg = (
-                f"the final checkpoint (step {state.step}) failed; the newest complete "
-                f"checkpoint is step {self.last_saved}: fix the storage and resume"
+                f"the final checkpoint (step {state.step}) failed; {self._newest_text()}: "
+                "fix the storage and resume"
             )
             log.error(msg)
             raise TrainingStopped(EXIT_SAVE_FAILED, msg)
@@ -393,11 +393,16 @@ class DistCheckpointer:
             step, error, self.failed_saves, self.policy.max_failed_saves,
         )  # fmt: skip
 
+    def _newest_text(self) -> str:
+        if self.last_saved is None:
+            return "there is no complete checkpoint"
+        return f"the newest complete checkpoint is step {self.last_saved}"
+
     def _stop_failed(self) -> None:
         msg = (
             f"stopping: {self.failed_saves} consecutive checkpoint saves failed "
-            f"(checkpoint.max_failed_saves={self.policy.max_failed_saves}); the newest complete "
-            f"checkpoint is step {self.last_saved}; fix the storage and resume"
+            f"(checkpoint.max_failed_saves={self.policy.max_failed_saves}); "
+            f"{self._newest_text()}; fix the storage and resume"
         )
         log.error(msg)
         self.notice.restore()
