@@ -40,8 +40,6 @@ _P = _U64(0x100000001B3)  # the FNV-1a 64-bit prime: odd
 _P_INV = _U64(pow(int(_P), -1, 1 << 64))
 _FMIX_C1 = _U64(0xFF51AFD7ED558CCD)
 _FMIX_C2 = _U64(0xC4CEB9FE1A85EC53)
-_WHITESPACE = np.zeros(256, dtype=bool)
-_WHITESPACE[[9, 10, 11, 12, 13, 32]] = True
 _MAX_HASH = np.uint32(0xFFFFFFFF)
 _BLOCK_SHINGLES = 6144
 _BATCH_DOCS = 128
@@ -80,17 +78,19 @@ def normalize(text: str, norm: Normalization) -> str:
     return text
 
 
-def _byte_table(norm: Normalization) -> np.ndarray:
-    """Byte-level part of a normalisation: ASCII punctuation to space."""
-    table = np.arange(256, dtype=np.uint8)
-    if norm.strip_punctuation:
-        table[[ord(ch) for ch in string.punctuation]] = ord(" ")
-    return table
+_PUNCT_BYTES = bytes(ord(" ") if chr(b) in string.punctuation else b for b in range(256))
+"""For `bytes.translate`: the byte-level part of normalisation, ASCII punctuation to space."""
+_WS_FLAGS = bytes(1 if b in (9, 10, 11, 12, 13, 32) else 0 for b in range(256))
+"""For `bytes.translate`: 1 for an ASCII whitespace byte, else 0 (a bool array in C speed)."""
+
+
+def _whitespace(joined: bytes) -> np.ndarray:
+    return np.frombuffer(joined.translate(_WS_FLAGS), dtype=bool)
 
 
 def _collapse(data: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Squeeze whitespace runs to one byte; map document bounds accordingly."""
-    ws = _WHITESPACE[data]
+    ws = _whitespace(data.tobytes())
     keep = ~(ws & np.concatenate([[True], ws[:-1]]))
     kept = np.concatenate([[0], np.cumsum(keep)])
     return data[keep], kept[bounds]
@@ -128,20 +128,23 @@ _POWERS = _Powers()
 _GRAM_MULT = fmix64(np.arange(1, 65, dtype=np.uint64) * _U64(0x9E3779B97F4A7C15)) | _U64(1)
 
 
-def _join(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """One byte array for the batch (docs separated by a newline) and each doc's [start, end)."""
+def _join(texts: list[str], table: bytes | None = None) -> tuple[bytes, np.ndarray]:
+    """The batch as one byte string (docs separated by a newline, `table` applied) and each
+    doc's [start, end)."""
     encoded = [t.encode("utf-8") for t in texts]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     starts = np.zeros(len(encoded), dtype=np.int64)
     np.cumsum(lengths[:-1] + 1, out=starts[1:])
-    data = np.frombuffer(b"\n".join(encoded), dtype=np.uint8)
-    return data, np.stack([starts, starts + lengths], axis=1)
+    joined = b"\n".join(encoded)
+    if table is not None:
+        joined = joined.translate(table)
+    return joined, np.stack([starts, starts + lengths], axis=1)
 
 
 def _prefix(data: np.ndarray) -> np.ndarray:
     _POWERS.ensure(len(data) + 1)
     c = np.zeros(len(data) + 1, dtype=np.uint64)
-    np.cumsum(data.astype(np.uint64) * _POWERS.neg[: len(data)], out=c[1:])
+    np.cumsum(np.multiply(data, _POWERS.neg[: len(data)]), out=c[1:])
     return c
 
 
@@ -172,9 +175,9 @@ def shingle_hashes(
         texts = [
             normalize(t, Normalization(norm.lowercase, False, False, norm.nfkc)) for t in texts
         ]
-    data, bounds = _join(texts)
-    if norm is not None and norm.strip_punctuation:
-        data = _byte_table(norm)[data]
+    strip = norm is not None and norm.strip_punctuation
+    joined, bounds = _join(texts, _PUNCT_BYTES if strip else None)
+    data = np.frombuffer(joined, dtype=np.uint8)
     if norm is not None and norm.collapse_whitespace and unit is ShingleUnit.CHAR:
         data, bounds = _collapse(data, bounds)
     c = _prefix(data)
@@ -182,7 +185,7 @@ def shingle_hashes(
         if unit is ShingleUnit.CHAR:
             h, doc = _char_grams(c, bounds, ngram)
         else:
-            h, doc = _word_grams(data, c, bounds, ngram)
+            h, doc = _word_grams(joined, c, bounds, ngram)
         h = fmix64(h)
     counts = np.bincount(doc, minlength=len(texts))
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
@@ -201,10 +204,14 @@ def _char_grams(c: np.ndarray, bounds: np.ndarray, n: int) -> tuple[np.ndarray, 
 
 
 def _word_grams(
-    data: np.ndarray, c: np.ndarray, bounds: np.ndarray, n: int
+    joined: bytes, c: np.ndarray, bounds: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    word = ~_WHITESPACE[data]
-    edges = np.flatnonzero(np.diff(np.concatenate([[False], word, [False]]).astype(np.int8)))
+    space = _whitespace(joined)
+    edges = np.flatnonzero(space[1:] != space[:-1]) + 1
+    if len(space) and not space[0]:
+        edges = np.concatenate([[0], edges])
+    if len(space) and not space[-1]:
+        edges = np.concatenate([edges, [len(space)]])
     ws, we = edges[0::2], edges[1::2]
     wh = fmix64(_range_hash(c, ws, we))
     wdoc = np.searchsorted(bounds[:, 1], ws, side="right")
