@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -99,3 +100,18 @@ def test_band_keys_and_s_curve() -> None:
     with pytest.raises(ValueError, match="exceeds num_perm"):
         band_keys(sig, 4, 4)
     assert candidate_probability(0.8, 20, 6) > 0.99 > candidate_probability(0.5, 20, 6)
+
+
+def test_word_shingles_split_on_ascii_whitespace_only_at_any_position() -> None:
+    """Words are runs between ASCII whitespace bytes (tab, newline, CR, VT, FF, space), at the
+    start, the end and between documents of a batch alike; U+00A0 and U+3000 join words."""
+    rng = random.Random(9)
+    pieces = ["ab", "c", "déjà", "x\xa0y", "日本\u3000語", " ", "\t", "\n", "\r\n", "\x0b", "\x0c"]
+    docs = ["".join(rng.choices(pieces, k=rng.randint(0, 12))) for _ in range(400)]
+    h, off = shingle_hashes(docs, 2)
+    for i, d in enumerate(docs):
+        words = [w for w in re.split(rb"[\t\n\r\x0b\x0c ]+", d.encode()) if w]
+        grams = {tuple(words[j : j + 2]) for j in range(len(words) - 1)} or (
+            {tuple(words)} if words else set()
+        )
+        assert len(np.unique(h[off[i] : off[i + 1]])) == len(grams), repr(d)
