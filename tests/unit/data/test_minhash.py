@@ -115,3 +115,5 @@ def test_word_shingles_split_on_ascii_whitespace_only_at_any_position() -> None:
             {tuple(words)} if words else set()
         )
         assert len(np.unique(h[off[i] : off[i + 1]])) == len(grams), repr(d)
+        alone, _ = shingle_hashes([d], 2)  # first and last in its batch
+        assert np.array_equal(alone, h[off[i] : off[i + 1]]), repr(d)
