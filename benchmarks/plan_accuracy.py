@@ -2,10 +2,11 @@
 
 Usage: python benchmarks/plan_accuracy.py [--json]
 Rows: tests/fixtures/plan/published_runs.json (Korthikanti et al. 2022 Table 5 on A100 BF16;
-NeMo 24.07 and Megatron-Bridge performance tables on H100 FP8), each with its source line.
-Prints the predicted and measured step time of every row (fit rows marked), the mean and
-worst |error| of the fit and held-out rows, and the rank of each recipe's published layout
-among the fitting layouts of a full search. docs/planner.md quotes this output.
+NeMo 24.07 and Megatron-Bridge performance tables on H100 FP8, Bridge's Qwen3 MoE rows), each
+with its source line. Prints the predicted and measured step time of every row (fit and MoE
+rows marked), the mean and worst |error| of the dense fit, dense held-out and MoE (all held
+out) rows, and the rank of each recipe's published layout among the fitting layouts of a
+full search. docs/planner.md quotes this output.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def rows() -> list[dict[str, Any]]:
             {
                 "id": row["id"],
                 "fit": row["fit"],
+                "moe": row.get("moe", False),
                 "layout": ev.layout.short(),
                 "measured_s": measured,
                 "predicted_s": ev.rates.step_s,
@@ -62,11 +64,20 @@ def rows() -> list[dict[str, Any]]:
 
 
 def summary(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean and worst |error| of fit rows, held-out rows and all rows."""
+    """Mean and worst |error| of the dense fit rows, dense held-out rows, all dense rows and
+    the (held-out) mixture-of-experts rows."""
+    groups = {
+        "fit": lambda r: r["fit"] and not r["moe"],
+        "held_out": lambda r: not r["fit"] and not r["moe"],
+        "all_dense": lambda r: not r["moe"],
+        "moe_held_out": lambda r: r["moe"],
+    }
     out = {}
-    for label, keep in (("fit", True), ("held_out", False), ("all", None)):
-        errs = [abs(r["error"]) for r in table if keep is None or r["fit"] == keep]
-        out[label] = {"rows": len(errs), "mean_abs": sum(errs) / len(errs), "max_abs": max(errs)}
+    for label, keep in groups.items():
+        errs = [abs(r["error"]) for r in table if keep(r)]
+        if errs:
+            mean = sum(errs) / len(errs)
+            out[label] = {"rows": len(errs), "mean_abs": mean, "max_abs": max(errs)}
     return out
 
 
@@ -100,7 +111,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in table:
         print(
-            f"| {r['id']} | {'fit' if r['fit'] else 'held out'} | {r['layout']} | "
+            f"| {r['id']} | {'fit' if r['fit'] else 'held out'}{' (MoE)' if r['moe'] else ''} | "
+            f"{r['layout']} | "
             f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
             f"{r['peak_gib']:.1f}{'' if r['fits'] else ' (over)'} |"
         )

@@ -40,7 +40,7 @@ print((time.perf_counter() - t) / n)
 def _clear_caches() -> None:
     for fn in (params.layer_params, params.embedding_params, params.output_params,
                flops.token_flops, memory.layer_activation_bytes, perf._slot_cached,
-               perf.layer_gemm_s, perf._logits_s,
+               perf.layer_gemm_s, perf._logits_s, perf._tp_comm_s, perf.column_bwd_gemm_s,
                search._split):  # fmt: skip
         fn.cache_clear()
 

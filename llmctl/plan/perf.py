@@ -153,6 +153,23 @@ def ring_time(cluster: ClusterSpec, n: int, span: int, nbytes: float) -> float:
     return intra + (nodes - 1) / nodes * nbytes / (r * ib) + (nodes - 1) * ib_lat
 
 
+def all_to_all_s(cluster: ClusterSpec, n: int, span: int, nbytes: float) -> float:
+    """Seconds of an all-to-all in which each of `n` ranks, spread evenly over `span`
+    consecutive ranks, sends `nbytes` split evenly over the `n` ranks (MoE token dispatch).
+    Unlike a reduce-scatter there is no hierarchical shortcut: every GPU pushes its off-node
+    share through its own NIC while the on-node share crosses NVLink at the same time."""
+    if n <= 1:
+        return 0.0
+    nodes = min(n, max(1, ceil(span / cluster.nvlink_domain_size)))
+    r = max(1, n // nodes)
+    nvl, nvl_lat = _link(cluster, 1)
+    intra = (r - 1) / n * nbytes / nvl + nvl_lat
+    if nodes == 1:
+        return intra
+    ib, ib_lat = _link(cluster, span)
+    return max(intra, (n - r) / n * nbytes / ib + ib_lat)
+
+
 def gemm_s(cluster: ClusterSpec, dtype: str, m: float, n: float, k: float) -> float:
     """Seconds of one (m x k) @ (k x n) GEMM: compute at the achievable rate after wave
     quantization, or HBM traffic of its operands, whichever is longer."""
@@ -279,7 +296,7 @@ def _slot_cached(
     moe = 0.0
     if model.is_moe and ep > 1:
         a2a = tok * model.moe_router_topk * model.hidden_size * 2.0 / tp_size
-        moe = layers * 4.0 * ring_time(cluster, ep, tp_size * ep, a2a)
+        moe = layers * 4.0 * all_to_all_s(cluster, ep, tp_size * ep, a2a)
     return Slot(
         gemm=gemm,
         attention=layers * core,

@@ -28,7 +28,8 @@ from llmctl.plan.specs import (
 def model_spec(name: str, shape: dict[str, Any]) -> ModelSpec:
     """ModelSpec of a fixture model: `arch` gpt (LayerNorm, biases, GELU, learned positions,
     dropout, tied embeddings), llama (RMSNorm, SwiGLU, RoPE) or nemotron (LayerNorm, squared
-    ReLU, RoPE, no biases)."""
+    ReLU, RoPE, no biases). Optional: `kv_channels` (head size when not hidden/heads) and, for
+    mixture-of-experts models, `experts`, `topk` and `moe_ffn` (one expert's hidden size)."""
     arch = shape["arch"]
     gpt = arch == "gpt"
     return ModelSpec(
@@ -38,7 +39,7 @@ def model_spec(name: str, shape: dict[str, Any]) -> ModelSpec:
         ffn_hidden_size=shape["ffn"],
         num_attention_heads=shape["heads"],
         num_query_groups=shape["groups"],
-        kv_channels=shape["hidden"] // shape["heads"],
+        kv_channels=shape.get("kv_channels", shape["hidden"] // shape["heads"]),
         vocab_size=shape["vocab"],
         seq_length=shape["seq"],
         gated_mlp=arch == "llama",
@@ -47,6 +48,9 @@ def model_spec(name: str, shape: dict[str, Any]) -> ModelSpec:
         learned_positions=shape["seq"] if gpt else 0,
         tied_embeddings=gpt,
         dropout=gpt,
+        num_experts=shape.get("experts", 0),
+        moe_router_topk=shape.get("topk", 1),
+        moe_ffn_hidden_size=shape.get("moe_ffn", 0),
     )
 
 
@@ -58,6 +62,7 @@ def row_layout(row: dict[str, Any]) -> Layout:
         pp=row["pp"],
         vpp=row["vpp"],
         cp=row["cp"],
+        ep=row.get("ep", 1),
         dp=dp,
         micro_batch_size=row["mbs"],
         sequence_parallel=row["sp"],

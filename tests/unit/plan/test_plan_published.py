@@ -64,6 +64,9 @@ def test_fixture_covers_the_promised_range() -> None:
     assert all(r["cite"] for r in ROWS)
     assert min(params) < max(params) / 100  # 5B ... 1T
     assert sum(not r["fit"] for r in ROWS) > len(ROWS) / 2  # most rows held out
+    moe = [r for r in ROWS if r.get("moe")]
+    assert moe and not any(r["fit"] for r in moe)  # MoE rows: held out, never fitted
+    assert all(PUBLISHED["models"][r["model"]]["experts"] > 1 and r["ep"] > 1 for r in moe)
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if "tflops_per_gpu" in r], ids=lambda r: r["id"])
@@ -80,7 +83,9 @@ def test_fixture_shapes_reproduce_the_published_model_tflops(row: dict[str, Any]
 
 @pytest.mark.parametrize("fit", [True, False], ids=["fit_rows", "held_out_rows"])
 def test_step_time_error_against_published_runs(fit: bool) -> None:
-    errors = {r["id"]: _error(r) for r in ROWS if r["fit"] == fit}
+    """Dense rows. The MoE rows are reported by `make bench-plan`, not held to the targets
+    (docs/planner.md: the MoE terms are coarse)."""
+    errors = {r["id"]: _error(r) for r in ROWS if r["fit"] == fit and not r.get("moe")}
     mean = sum(abs(e) for e in errors.values()) / len(errors)
     worst = max(errors.items(), key=lambda kv: abs(kv[1]))
     assert mean <= 0.10, errors
@@ -91,7 +96,8 @@ def test_bridge_layouts_fit_without_recompute() -> None:
     """Megatron-Bridge's 70B (TP4 PP8 VPP5 DP2) and 405B (TP8 PP8 VPP8 CP2 DP8) run without
     recompute on 80 GB H100s; they fit only with bf16 gradients and FP8 weights counted as
     megatron-core and Transformer Engine keep them."""
-    for row in (r for r in ROWS if r["source"] == "bridge" and r["model"] != "llama3_8b"):
+    dense = (r for r in ROWS if r["source"] == "bridge" and not r.get("moe"))
+    for row in (r for r in dense if r["model"] != "llama3_8b"):
         inp = row_input(row, PUBLISHED["models"], _cluster(row["cluster"]))
         assert inp.run.grad_dtype == "bf16" and inp.run.fp8_param_gather
         layout = row_layout(row)
@@ -146,7 +152,7 @@ def test_bridge_layouts_rank_in_the_top_10(recipe: str) -> None:
 
 #: Worst rank each Korthikanti layout must reach. The goal is 10; the 22B layout (TP8, one
 #: micro-batch of 4) ranks 14th: 13 layouts with half its tensor-parallel traffic (TP4 with
-#: FSDP or PP2 interleaving, TP2 with FSDP) are predicted 0.2-4.2 % faster, less than the
+#: FSDP or PP2 interleaving, TP2 with FSDP) are predicted 0.1-4.2 % faster, less than the
 #: model's error on that very row (docs/planner.md, "Picks").
 KORTHIKANTI_RANK = {"megatron_22b": 15, "gpt3_175b": 10, "megatron_530b": 10, "megatron_1t": 10}
 

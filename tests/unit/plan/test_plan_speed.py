@@ -24,6 +24,8 @@ def _clear_caches() -> None:
         perf._slot_cached,
         perf.layer_gemm_s,
         perf._logits_s,
+        perf._tp_comm_s,
+        perf.column_bwd_gemm_s,
         search._split,
     ):
         fn.cache_clear()
