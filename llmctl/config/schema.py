@@ -195,7 +195,7 @@ class PrecisionConfig:
     attention_backend: AttentionBackend = doc(
         AttentionBackend.auto,
         "Core attention kernel: auto (flash on CUDA with 16-bit/FP8 compute, else unfused), "
-        "flash, fused or unfused.",
+        "flash, fused or unfused; train passes it to megatron-core (flash/fused need TE).",
     )
 
 

@@ -9,10 +9,18 @@ fusion off and CPU initialisation (megatron's fused kernels and TE are CUDA-only
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from llmctl.train.layout import TrainLayout
-from llmctl.train.precision import PrecisionRecipe, megatron_precision_kwargs
+from llmctl.train.precision import (
+    PrecisionRecipe,
+    megatron_attention_backend,
+    megatron_precision_kwargs,
+)
+
+#: Environment variables megatron-core's `LanguageModule` sets for Transformer Engine.
+_NVTE_VARS = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 
 
 def _value(x: Any) -> str:
@@ -78,10 +86,12 @@ def transformer_config(
     """
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
 
     swiglu = _value(model.activation) == "swiglu"
     prec = megatron_precision_kwargs(precision, recipe)
     return TransformerConfig(
+        attention_backend=AttnBackend[megatron_attention_backend(precision, use_te=use_te)],
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
         ffn_hidden_size=model.ffn_hidden_size,
@@ -190,6 +200,10 @@ def build_model_chunks(
     torch.manual_seed(seed)
     rope = _value(model.position_embedding) == "rope"
     chunks = []
+    # megatron sets NVTE_{FLASH,FUSED,UNFUSED}_ATTN for TE from config.attention_backend and
+    # asserts on values set before; without TE they mean nothing: keep them out of os.environ
+    # (and out of processes started later) so models with another backend can still be built.
+    nvte = {k: os.environ.get(k) for k in _NVTE_VARS} if not use_te else {}
     for vp_stage in range(layout.vpp or 1):
         vp = vp_stage if layout.vpp else None
         chunk = GPTModel(
@@ -207,6 +221,11 @@ def build_model_chunks(
             vp_stage=vp,
         )
         chunks.append(chunk)
+    for key, value in nvte.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     torch.manual_seed(seed)
     return chunks
 

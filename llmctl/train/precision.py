@@ -93,7 +93,27 @@ def check_precision(precision: Any, *, has_cuda: bool, has_te: bool) -> Precisio
         raise UserError(
             f"precision={recipe.name} needs Transformer Engine: pip install 'llmctl[gpu]'"
         )
+    asked = _value(getattr(precision, "attention_backend", "auto"))
+    if asked in ("flash", "fused") and not has_te:
+        raise UserError(
+            f"precision.attention_backend={asked} needs a CUDA GPU with Transformer Engine; "
+            "without them only the unfused kernel runs: use precision.attention_backend=unfused "
+            "(or auto)"
+        )
     return recipe
+
+
+def megatron_attention_backend(precision: Any, *, use_te: bool) -> str:
+    """megatron-core's `AttnBackend` name for `precision.attention_backend`.
+
+    Why: without Transformer Engine the layer spec is megatron's local one, whose core
+    attention is megatron's own unfused `DotProductAttention` (`local`); with TE the choice
+    goes to TE's `DotProductAttention` (flash, fused, unfused; auto lets TE pick). Backends
+    that cannot run are refused earlier, by `check_precision`.
+    """
+    if not use_te:
+        return "local"
+    return _value(getattr(precision, "attention_backend", "auto"))
 
 
 def megatron_precision_kwargs(precision: Any, recipe: PrecisionRecipe) -> dict[str, Any]:
