@@ -205,7 +205,7 @@ def _head_dim(model: ModelConfig) -> int:
 
 def hf_linear_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
     """Module name -> (out, in) of every Linear the export will contain (for pre-checks)."""
-    h, f, d = model.hidden_size, model.ffn_hidden_size, _head_dim(model)
+    h, d = model.hidden_size, _head_dim(model)
     q, kv = model.num_attention_heads * d, model.num_query_groups * d
     shapes: dict[str, tuple[int, int]] = {}
     for i in range(model.num_layers):
@@ -215,12 +215,27 @@ def hf_linear_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
             f"{p}.self_attn.k_proj": (kv, h),
             f"{p}.self_attn.v_proj": (kv, h),
             f"{p}.self_attn.o_proj": (h, q),
-            f"{p}.mlp.gate_proj": (f, h),
-            f"{p}.mlp.up_proj": (f, h),
-            f"{p}.mlp.down_proj": (h, f),
         }
-    shapes["lm_head"] = (model.vocab_size, h)
+        shapes |= _mlp_linear_shapes(model, p)
+    if not model.tied_embeddings:
+        shapes["lm_head"] = (model.vocab_size, h)
     return shapes
+
+
+def _mlp_linear_shapes(model: ModelConfig, prefix: str) -> dict[str, tuple[int, int]]:
+    """The MLP Linears of one layer: gate/up/down, or each Mixtral expert's w1/w3/w2 (the
+    router is not a Linear in transformers and is never quantized)."""
+    h = model.hidden_size
+    if not model.num_experts:
+        f = model.ffn_hidden_size
+        names = {"gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f)}
+        return {f"{prefix}.mlp.{n}": shape for n, shape in names.items()}
+    f = model.moe_ffn_hidden_size or model.ffn_hidden_size
+    out: dict[str, tuple[int, int]] = {}
+    for e in range(model.num_experts):
+        x = f"{prefix}.block_sparse_moe.experts.{e}"
+        out |= {f"{x}.w1": (f, h), f"{x}.w3": (f, h), f"{x}.w2": (h, f)}
+    return out
 
 
 @contextmanager

@@ -95,15 +95,16 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 def linear_shapes(tensors: dict[str, TensorInfo]) -> dict[str, tuple[int, int]]:
     """Module name -> (out_features, in_features) of every Linear weight in a dense checkpoint.
 
-    A Linear is a 2-D `<module>.weight` that is not an embedding or a norm.
+    A Linear is a 2-D `<module>.weight` that is not an embedding, a norm or a MoE router
+    (transformers' routers are not `nn.Linear`, so compressed-tensors never quantizes them).
     """
     out = {}
     for name, info in tensors.items():
         if not name.endswith(".weight") or len(info.shape) != 2:
             continue
         module = name[: -len(".weight")]
-        if any(part in module for part in _NOT_LINEAR):
-            continue
+        if any(part in module for part in _NOT_LINEAR) or module.endswith(".gate"):
+            continue  # embeddings, norms, MoE routers (`block_sparse_moe.gate`)
         out[module] = (int(info.shape[0]), int(info.shape[1]))
     return out
 

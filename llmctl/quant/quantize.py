@@ -326,7 +326,11 @@ def load_model(model_dir: Path, dtype: str = "fp32") -> Any:
     from transformers import AutoModelForCausalLM
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    return AutoModelForCausalLM.from_pretrained(str(model_dir.resolve()), dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir.resolve()), dtype=torch_dtype)
+    for param in model.parameters():  # transformers 5.17 keeps a compressed MoE's router and
+        if param.is_floating_point() and param.dtype != torch_dtype:  # merged experts in
+            param.data = param.data.to(torch_dtype)  # their stored dtype (bf16) under fp32
+    return model
 
 
 def calibration_dataset(split: calibration.TokenSplit) -> Any:
@@ -352,6 +356,45 @@ def run_oneshot(model: Any, model_dir: Path, dataset: Any, spec: QuantSpec) -> A
             "tokenizer": str(model_dir.resolve()),
         }
     return oneshot(model=model, recipe=build_recipe(spec), **kwargs)
+
+
+# llm-compressor 0.14 quantizes a Mixtral's experts as separate Linears and saves them as
+# `experts.N.{gate,up,down}_proj`, names transformers 5.17 does not load (it reports the merged
+# experts missing and initialises them at random); Mixtral checkpoints, which transformers
+# decompresses and merges on load (and vLLM reads), call them w1, w3 and w2.
+EXPERT_NAMES: dict[str, dict[str, str]] = {
+    "MixtralForCausalLM": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
+}
+
+
+def rename_experts(model_dir: Path, architecture: str) -> int:
+    """Rename saved expert tensors to the family's checkpoint names (one shard in memory at a
+    time; the index follows). Returns the number of tensors renamed."""
+    names = EXPERT_NAMES.get(architecture)
+    if not names:
+        return 0
+    import re
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    pattern = re.compile(r"(\.experts\.\d+\.)(" + "|".join(names) + r")\.")
+
+    def new(key: str) -> str:
+        return pattern.sub(lambda m: m.group(1) + names[m.group(2)] + ".", key)
+
+    count = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            meta, tensors = f.metadata(), {new(k): f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+            count += sum(new(k) != k for k in f.keys())  # noqa: SIM118
+        save_file(tensors, str(path), metadata=meta)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {new(k): v for k, v in data.get("weight_map", {}).items()}
+        index.write_text(json.dumps(data, indent=2) + "\n")
+    return count
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
@@ -447,6 +490,7 @@ def _quantize_into(
                 h.remove()
     with phases.time("save"), progress.phase("save compressed"):
         model.save_pretrained(str(staging), save_compressed=True)
+        rename_experts(staging, plan.architecture)
         _copy_tokenizer(model_dir, staging)
         _set_config_dtype(staging, plan.request.dtype)
     del model

@@ -120,7 +120,11 @@ def mean_token_kl(ref_dir: Path, model_dir: Path, tokens: np.ndarray, seq_len: i
     from transformers import AutoModelForCausalLM
 
     def load(path: Path) -> torch.nn.Module:
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        for p in model.parameters():  # transformers 5.17 keeps a compressed Mixtral's router
+            if p.is_floating_point():  # and merged experts in their stored bf16
+                p.data = p.data.float()
+        return model
 
     ref, model = load(ref_dir), load(model_dir)
     n = len(tokens) // seq_len
