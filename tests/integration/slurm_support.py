@@ -6,13 +6,28 @@ import shutil
 import subprocess
 import time
 
+USABLE = ("idle", "mix", "alloc", "comp")  # "comp": a previous test's job is still ending
 
-def cluster_up() -> bool:
-    """`sinfo` answers and shows a usable node."""
+
+def cluster_up(wait_s: float = 60.0) -> bool:
+    """`sinfo` answers and shows a usable node within `wait_s`.
+
+    A node of the local cluster can be briefly unusable while SLURM cleans up after another
+    test; on a loaded host that takes seconds, and a single look would then skip the test
+    instead of running it.
+    """
     if shutil.which("sinfo") is None:
         return False
-    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
-    return out.returncode == 0 and any(s in ("idle", "mix", "alloc") for s in out.stdout.split())
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+        if out.returncode != 0:  # no controller answering: no cluster here
+            return False
+        if any(s in USABLE for s in out.stdout.split()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
 
 
 def wait_finished(job_id: str, timeout_s: float) -> str:
