@@ -44,7 +44,7 @@ from llmctl.data.minhash import (
     band_keys,
     candidate_probability,
     hash_documents,
-    normalize,
+    normalized_digests,
     shingle_hashes,
 )
 from llmctl.data.outputs import (
@@ -223,11 +223,7 @@ def signature_shard(chunk: Chunk, cfg: DedupConfig, work_dir: Path) -> dict[str,
 
 def exact_hashes(texts: list[str], norm: Normalization) -> np.ndarray:
     """(len(texts), 2) uint64: xxh3-128 of each normalised text."""
-    import xxhash
-
-    digests = [xxhash.xxh3_128_intdigest(normalize(t, norm).encode("utf-8")) for t in texts]
-    exact = np.array([[d >> 64, d & 0xFFFFFFFFFFFFFFFF] for d in digests], dtype=np.uint64)
-    return exact.reshape(len(texts), 2)
+    return normalized_digests(texts, norm)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

@@ -106,6 +106,78 @@ def fmix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def normalized_digests(texts: list[str], norm: Normalization) -> np.ndarray:
+    """(len(texts), 2) uint64: xxh3-128 of each `normalize(text).encode()`, in batches.
+
+    ASCII texts (all but NFKC) go through the joined bytes of their batch: lowercase, map
+    punctuation and whitespace to spaces and squeeze space runs with array operations, then
+    hash each document's slice; that is `normalize` exactly (on ASCII text, `str.split`
+    splits on the bytes mapped to space here), without a Python object per word. Others take
+    `normalize` itself.
+    """
+    import xxhash
+
+    digests: list[bytes] = []
+    for i in range(0, len(texts), _BATCH_DOCS):
+        batch = texts[i : i + _BATCH_DOCS]
+        fast = [j for j, t in enumerate(batch) if t.isascii() and not norm.nfkc]
+        done = dict(zip(fast, _ascii_digests([batch[j] for j in fast], norm), strict=True))
+        digests += [
+            done[j] if j in done else xxhash.xxh3_128_digest(normalize(t, norm).encode("utf-8"))
+            for j, t in enumerate(batch)
+        ]
+    out = np.frombuffer(b"".join(digests), dtype=">u8").astype(np.uint64)
+    return out.reshape(len(texts), 2)
+
+
+_EXACT_SPACE = bytes(32 if b in (9, 10, 11, 12, 13, 28, 29, 30, 31) else b for b in range(256))
+"""ASCII whitespace as `str.split` sees it (including the separators 0x1c-0x1f) to space."""
+
+
+def _ascii_digests(texts: list[str], norm: Normalization) -> list[bytes]:
+    import xxhash
+
+    if not texts:
+        return []
+    encoded = [t.encode("ascii") for t in texts]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    starts = np.zeros(len(encoded), dtype=np.int64)
+    np.cumsum(lengths[:-1] + 1, out=starts[1:])
+    ends = starts + lengths
+    joined = b"\n".join(encoded)
+    if norm.lowercase:
+        joined = joined.lower()
+    if norm.strip_punctuation:
+        joined = joined.translate(_PUNCT_BYTES)
+    if norm.collapse_whitespace:
+        joined, starts, ends = _squeeze(joined.translate(_EXACT_SPACE), starts, ends)
+    view = memoryview(joined)
+    return [
+        xxhash.xxh3_128_digest(view[s:e])
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+    ]
+
+
+def _squeeze(
+    joined: bytes, starts: np.ndarray, ends: np.ndarray
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """Space runs to one space, no space at either end of a document (`" ".join(s.split())`)."""
+    arr = np.frombuffer(joined, dtype=np.uint8)
+    space = arr == 32
+    keep = ~(space & np.concatenate([[True], space[:-1]]))
+    kept = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum(keep, out=kept[1:])
+    squeezed = arr[keep]
+    s, e = kept[starts], kept[ends]
+    if not len(squeezed):
+        return b"", s, e
+    nonempty = s < e
+    s = s + (nonempty & (squeezed[np.minimum(s, len(squeezed) - 1)] == 32))
+    nonempty = s < e
+    e = e - (nonempty & (squeezed[np.maximum(e - 1, 0)] == 32))
+    return squeezed.tobytes(), s, e
+
+
 class _Powers:
     """Growing tables of P**i and P**-i modulo 2**64."""
 

@@ -16,6 +16,8 @@ from llmctl.data.minhash import (
     candidate_probability,
     compute_signatures,
     jaccard,
+    normalize,
+    normalized_digests,
     shingle_hashes,
 )
 
@@ -117,3 +119,24 @@ def test_word_shingles_split_on_ascii_whitespace_only_at_any_position() -> None:
         assert len(np.unique(h[off[i] : off[i + 1]])) == len(grams), repr(d)
         alone, _ = shingle_hashes([d], 2)  # first and last in its batch
         assert np.array_equal(alone, h[off[i] : off[i + 1]]), repr(d)
+
+
+@pytest.mark.parametrize("flags", [(1, 1, 1, 0), (0, 0, 0, 0), (1, 0, 1, 0), (0, 1, 0, 0),
+                                   (0, 0, 1, 0), (1, 1, 0, 0), (1, 1, 1, 1)])  # fmt: skip
+def test_normalized_digests_hash_exactly_what_normalize_returns(flags: tuple[int, ...]) -> None:
+    """The batched ASCII path agrees with `normalize` (Python's own str methods) on every
+    ASCII character, runs of whitespace and punctuation at both ends, empty texts, and
+    non-ASCII texts mixed into the same batch."""
+    import xxhash
+
+    norm = Normalization(*map(bool, flags))
+    rng = random.Random(sum(flags))
+    ascii_chars = [*(chr(c) for c in range(128)), "  ", "Ab", "\t\n"]
+    texts = ["".join(rng.choices(ascii_chars, k=rng.randint(0, 40)))
+             for _ in range(700)]  # fmt: skip
+    texts += ["", " ", "  a  ", "...", "\x1c\x1f", "Déjà\xa0vu", "ｆｕｌｌ", "x\u3000y"]
+    rng.shuffle(texts)
+    got = normalized_digests(texts, norm)
+    for t, g in zip(texts, got, strict=True):
+        want = np.frombuffer(xxhash.xxh3_128_digest(normalize(t, norm).encode()), dtype=">u8")
+        assert (g == want).all(), (repr(t), norm)
