@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiproc]  # train launches torchrun
+# The whole chain is one test: ~140 s of CPU on the 2-core host (824 s of wall time at load
+# ~25), so the suite-wide 600 s limit would cut it short on a slow or loaded host; each line
+# keeps its own 600 s limit against a hang. multiproc: `llmctl train` starts torchrun.
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc, pytest.mark.timeout(1800)]
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 DRY_RUN_ONLY = ("launcher=slurm", "launcher=torchrun")
