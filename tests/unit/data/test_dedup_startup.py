@@ -1,5 +1,6 @@
 """Issue 12, finding 7: `llmctl data dedup` starts light: no torch, megatron, transformers,
-scipy or tokenizer libraries are imported (checked with `python -X importtime`)."""
+scipy or tokenizer libraries, no pydantic or config stack, and no other command's CLI module are
+imported (checked with `python -X importtime`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sys
 from pathlib import Path
 
 HEAVY = {"torch", "megatron", "transformers", "scipy", "tokenizers", "fastokens", "sentencepiece",
-         "tiktoken", "pyarrow", "datatrove", "rensa", "datasketch"}  # fmt: skip
+         "tiktoken", "pyarrow", "datatrove", "rensa", "datasketch", "pydantic", "omegaconf",
+         "hydra", "yaml"}  # fmt: skip
 
 
 def test_dedup_command_imports_no_heavy_library(tmp_path: Path) -> None:
@@ -22,11 +24,14 @@ def test_dedup_command_imports_no_heavy_library(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    modules = {
-        line.split("|")[-1].strip().split(".")[0]
+    names = {
+        line.split("|")[-1].strip()
         for line in out.stderr.splitlines()
         if line.startswith("import time:")
     }
+    modules = {name.split(".")[0] for name in names}
     assert "numpy" in modules  # the parse worked
     assert not modules & HEAVY, sorted(modules & HEAVY)
+    cli = {name for name in names if name.startswith("llmctl.cli.")}
+    assert cli == {"llmctl.cli.main", "llmctl.cli.lazy", "llmctl.cli.data"}, sorted(cli)
     assert (tmp_path / "out" / "in.jsonl").read_text().count("\n") == 30
