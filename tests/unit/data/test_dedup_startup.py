@@ -33,5 +33,6 @@ def test_dedup_command_imports_no_heavy_library(tmp_path: Path) -> None:
     assert "numpy" in modules  # the parse worked
     assert not modules & HEAVY, sorted(modules & HEAVY)
     cli = {name for name in names if name.startswith("llmctl.cli.")}
-    assert cli == {"llmctl.cli.main", "llmctl.cli.lazy", "llmctl.cli.data"}, sorted(cli)
+    assert "llmctl.cli.main" in cli, sorted(cli)
+    assert cli <= {"llmctl.cli.main", "llmctl.cli.lazy", "llmctl.cli.data"}, sorted(cli)
     assert (tmp_path / "out" / "in.jsonl").read_text().count("\n") == 30
