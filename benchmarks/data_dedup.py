@@ -244,6 +244,7 @@ def end_to_end_tools(inp: Path, work: Path) -> dict[str, list[str]]:
     tools = {
         "llmctl": [py, "-m", "llmctl", "data", "dedup", str(inp), "-o", str(work / "out_llmctl"),
                    "-j", "1", "--force"],
+        "python_numpy": [py, "-c", "import numpy"],  # the floor of any numpy tool's start-up
         "rensa": [py, "-c", RENSA_SCRIPT, str(inp), str(work / "out_rensa.jsonl")],
         "datasketch": [py, "-c", DATASKETCH_SCRIPT, str(inp), str(work / "out_ds.jsonl")],
         "datatrove": [py, "-c", DATATROVE_SCRIPT, str(folder), str(work / "dt_work")],
@@ -253,6 +254,16 @@ def end_to_end_tools(inp: Path, work: Path) -> dict[str, list[str]]:
     except ImportError:
         del tools["datatrove"]
     return tools
+
+
+def _kept(name: str, work: Path) -> int | None:
+    """Documents a tool kept (its output's line count)."""
+    files = {"llmctl": sorted((work / "out_llmctl").glob("*.jsonl")),
+             "rensa": [work / "out_rensa.jsonl"], "datasketch": [work / "out_ds.jsonl"],
+             "datatrove": sorted((work / "dt_work" / "out").glob("*.jsonl"))}.get(name)  # fmt: skip
+    if not files or not all(f.exists() for f in files):
+        return None
+    return sum(f.read_bytes().count(b"\n") for f in files)
 
 
 def tools_end_to_end(args: argparse.Namespace) -> list[dict]:
@@ -267,7 +278,11 @@ def tools_end_to_end(args: argparse.Namespace) -> list[dict]:
             inp.write_text("".join(json.dumps({"text": t, "id": str(i)}) + "\n"
                                    for i, t in enumerate(p.texts)))  # fmt: skip
         tools = end_to_end_tools(inp, args.work)
+        if size > args.datatrove_max:
+            tools.pop("datatrove", None)
+            tools.pop("datasketch", None)
         best: dict[str, dict] = {}
+        load = [os.getloadavg()[0]]
         for _ in range(args.repeats):
             for name, cmd in tools.items():
                 if name == "datasketch" and size > 2000 and name in best:
@@ -288,7 +303,8 @@ def tools_end_to_end(args: argparse.Namespace) -> list[dict]:
         row = {
             "docs": size,
             "mb": inp.stat().st_size / 1e6,
-            "loadavg": os.getloadavg()[0],
+            "loadavg": [round(load[0], 1), round(os.getloadavg()[0], 1)],
+            "kept": {name: _kept(name, args.work) for name in tools if name != "python_numpy"},
             **ratios,
         }
         print(json.dumps(row), flush=True)
@@ -306,9 +322,18 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/llmctl-bench-dedup"))
     parser.add_argument("--sizes", type=int, nargs="*", default=[], help="end-to-end corpora")
     parser.add_argument("--end-to-end-only", action="store_true")
+    parser.add_argument("--datatrove-max", type=int, default=20000,
+                        help="largest corpus given to datatrove and datasketch")  # fmt: skip
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.sizes:
+        # bytecode cached, as after `pip install` (a checkout run with PYTHONDONTWRITEBYTECODE
+        # would otherwise compile llmctl's modules in every run)
+        import compileall
+
+        import llmctl
+
+        compileall.compile_dir(Path(llmctl.__file__).parent, quiet=1)
         rows = tools_end_to_end(args)
         (args.work / "end_to_end.json").write_text(json.dumps(rows, indent=2))
         if args.end_to_end_only:
