@@ -11,7 +11,8 @@ Documents: stdlib Python source (ASCII), and the same text with one non-ASCII ch
 every 32 ASCII ones, either a 2-byte UTF-8 character (U+0436, stored by Python at 2 bytes per
 character) or a 4-byte one (U+1F600, 4 bytes per character): mostly-ASCII text with a few wide
 characters is the worst case for Python's string layout. Inputs as `.txt` (one file, one
-document) and `.jsonl` (one line, UTF-8 as is, `ensure_ascii=False`). Sizes in MiB of input.
+document) and `.jsonl` (one line, UTF-8 as is, `ensure_ascii=False`), optionally `jsonl.gz` /
+`jsonl.zst` (the same line compressed; its bytes counted uncompressed). Sizes in MiB of input.
 
     python benchmarks/data_memory.py --sizes 16 64 [--pythonpath OLD_CHECKOUT] [--json]
 
@@ -73,6 +74,17 @@ def write_input(work: Path, base: str, script: str, mib: float, fmt: str) -> Pat
     path = work / f"doc_{mib:g}mib_{script}.{fmt}"
     if path.exists():
         return path
+    if fmt.startswith("jsonl."):  # the same line, compressed
+        plain = write_input(work, base, script, mib, "jsonl").read_bytes()
+        if fmt.endswith(".gz"):
+            import gzip
+
+            path.write_bytes(gzip.compress(plain))
+        else:
+            import zstandard
+
+            path.write_bytes(zstandard.ZstdCompressor().compress(plain))
+        return path
     target = int(mib * (1 << 20))
     budget = target - 12 if fmt == "jsonl" else target
     text = document(base, script, budget)[:budget]
@@ -86,6 +98,13 @@ def write_input(work: Path, base: str, script: str, mib: float, fmt: str) -> Pat
     tmp.write_bytes(data)
     tmp.replace(path)
     return path
+
+
+def _input_bytes(path: Path) -> int:
+    """Uncompressed size of an input (a compressed one is measured by its decompressed line)."""
+    if path.suffix in (".gz", ".zst"):
+        return path.with_suffix("").stat().st_size
+    return path.stat().st_size
 
 
 def _line(text: str) -> bytes:
@@ -139,9 +158,9 @@ def main() -> None:
                 inp = write_input(args.work, base, script, mib, fmt)
                 runs = [measure(inp, tok, args.pythonpath) for _ in range(args.repeats)]
                 hwm, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
-                n = inp.stat().st_size - small.stat().st_size
+                n = _input_bytes(inp) - _input_bytes(small)
                 row = {"format": fmt, "script": script, "mib": mib,
-                       "doc_bytes": inp.stat().st_size, "baseline_mib": base_hwm / 2**20,
+                       "doc_bytes": _input_bytes(inp), "baseline_mib": base_hwm / 2**20,
                        "peak_mib": hwm / 2**20, "bytes_per_byte": (hwm - base_hwm) / n,
                        "cpu_s": cpu, "loadavg": os.getloadavg()[0]}  # fmt: skip
                 rows.append(row)

@@ -432,21 +432,34 @@ def decompressed_blocks(path: str | Path, block_bytes: int = 1 << 20) -> Iterato
         raise TruncatedError(fmt, offset)
 
 
-def compressed_lines(path: str | Path) -> Iterator[bytes]:
+def compressed_lines(path: str | Path, block_bytes: int = 1 << 20) -> Iterator[bytes]:
     """Lines (with their newline) of a compressed file; a partial line before a truncation is
-    dropped and `TruncatedError` raised."""
-    tail: list[bytes] = []
-    for block in decompressed_blocks(path):
+    dropped and `TruncatedError` raised.
+
+    A line longer than a decompressed block is gathered in a `BytesIO` whose buffer becomes
+    the line without a copy (joining the pieces would hold the line twice).
+    """
+    tail = io.BytesIO()
+    for block in decompressed_blocks(path, block_bytes):
         if b"\n" not in block:
-            tail.append(block)
+            tail.write(block)
             continue
         parts = block.split(b"\n")
-        parts[0] = b"".join([*tail, parts[0]])
-        tail = [parts.pop()] if parts[-1] else []
+        del block
+        rest = parts.pop()  # after the block's last newline: the start of the next line
+        if tail.tell():
+            tail.write(parts[0])
+            tail.write(b"\n")
+            parts[0] = b""
+            yield tail.getvalue()
+            tail = io.BytesIO()
+            parts = parts[1:]
         for part in parts:
             yield part + b"\n"
-    if tail:
-        yield b"".join(tail)
+        del parts
+        tail.write(rest)
+    if tail.tell():
+        yield tail.getvalue()
 
 
 class _Reporter:

@@ -152,6 +152,52 @@ def test_bad_utf8_in_a_streamed_text_file_is_reported_as_before(
     assert "invalid UTF-8" in messages[0]
 
 
+def _compress(data: bytes, suffix: str) -> bytes:
+    import gzip
+
+    import zstandard
+
+    return gzip.compress(data) if suffix == ".gz" else zstandard.ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_compressed_lines_are_the_plain_lines(
+    suffix: str, corpus_texts: list[str], tmp_path: Path
+) -> None:
+    """Lines longer than a decompressed block (gathered without a second copy), lines inside
+    one block, an empty line, with and without a final newline: exactly the plain lines."""
+    long = json.dumps({"text": "".join(corpus_texts)[:50_000]}).encode()
+    for end in (b"\n", b""):
+        data = b"\n".join([long, b'{"text": "a"}', b"", b'{"text": "b"}', long, long]) + end
+        path = tmp_path / f"c{len(end)}.jsonl{suffix}"
+        path.write_bytes(_compress(data, suffix))
+        for block in (97, 4096, 1 << 20):
+            assert b"".join(readers.compressed_lines(path, block)) == data
+            assert list(readers.compressed_lines(path, block)) == data.splitlines(keepends=True)
+
+
+def test_compressed_inputs_preprocess_like_plain_ones(
+    hf_tokenizer: Path, corpus_texts: list[str], tmp_path: Path
+) -> None:
+    """A `.jsonl.gz` / `.jsonl.zst` gives the `.bin`/`.idx` of the same `.jsonl` (a file
+    ending in a newline used to yield an extra blank line, which preprocess refuses)."""
+    data = "".join(json.dumps({"text": t}) + "\n" for t in corpus_texts[:20]).encode()
+    outputs = []
+    for suffix in ("", ".gz", ".zst"):
+        path = tmp_path / f"in{suffix or '.plain'}.jsonl{suffix}"
+        path.write_bytes(_compress(data, suffix) if suffix else data)
+        prefix = tmp_path / f"out{suffix}"
+        cfg = PreprocessConfig(
+            inputs=[str(path)], output_prefix=str(prefix), tokenizer=str(hf_tokenizer),
+            num_workers=1,
+        )  # fmt: skip
+        preprocess.preprocess(cfg)
+        outputs.append(
+            [indexed.bin_path(prefix).read_bytes(), indexed.idx_path(prefix).read_bytes()]
+        )
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
 _MEMORY_SCRIPT = """
 import json, sys
 from pathlib import Path
