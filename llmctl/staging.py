@@ -12,6 +12,38 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from llmctl.errors import UserError
+
+
+def exists_error(path: Path) -> UserError:
+    """The one wording, in every command, for an output that is already there."""
+    return UserError(
+        f"{path} exists; pass --force to replace llmctl's own outputs, or choose another --out"
+    )
+
+
+def not_ours_error(path: Path) -> UserError:
+    """The one wording, in every command, for a file in the way that llmctl did not write."""
+    return UserError(
+        f"{path} exists and was not written by llmctl; not replacing it (move it away or "
+        "choose another --out)"
+    )
+
+
+def check_out(out: Path, force: bool, marker: str) -> None:
+    """`out` must be absent, an empty folder, or (with `force`) a folder llmctl wrote, which
+    holds `marker`.
+
+    Raises:
+        UserError: `exists_error` without `force`; `not_ours_error` with it.
+    """
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
+        raise exists_error(out)
+    if not out.is_dir() or not (out / marker).is_file():
+        raise not_ours_error(out)
+
 
 def staging_dir(out: Path) -> Path:
     """A new hidden sibling of `out` to write into (mode 0755 under the usual umask)."""

@@ -71,8 +71,8 @@ def import_hf(
 ) -> None:
     """Convert a Hugging Face model (Llama, Mistral, Qwen2, Mixtral) to megatron-core."""
     from llmctl.errors import UserError
+    from llmctl.hf.importer import check_import_out, plan_import
     from llmctl.hf.importer import import_hf as run_import
-    from llmctl.hf.importer import plan_import
 
     plan = plan_import(src, name=name, vocab_multiple=vocab_multiple, tp=tp, dtype=dtype)
     if dry_run:
@@ -83,6 +83,7 @@ def import_hf(
         return
     if out is None:
         raise UserError("--out is required (the directory the checkpoint is written to)")
+    check_import_out(out, force)  # before the bar: a refusal is the one line
     with _layer_bar(enabled=not json_out) as bar:
         result = run_import(plan, out, force=force, on_progress=bar)
     data = result.as_dict()

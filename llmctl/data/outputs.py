@@ -34,6 +34,7 @@ from types import FrameType
 from typing import IO, Any
 
 from llmctl.errors import UserError
+from llmctl.staging import exists_error, not_ours_error
 
 MARKER = ".llmctl-outputs.json"
 
@@ -132,7 +133,7 @@ def check_file_targets(paths: list[Path], force: bool, what: str) -> None:
             raise UserError(f"{p} is a folder; {what} writes a file there")
     existing = [p for p in paths if p.exists()]
     if existing and not force:
-        raise UserError(f"{existing[0]} exists; pass --force to replace {what}")
+        raise exists_error(existing[0])
 
 
 def _own_files(folder: Path) -> set[str]:
@@ -159,10 +160,7 @@ def check_dir_target(target: Path, force: bool, what: str) -> None:
     if target.exists() and not target.is_dir():
         raise UserError(f"{target} is a file; {what} writes a folder there")
     if target.is_dir() and any(target.iterdir()) and not force:
-        raise UserError(
-            f"output folder {target} exists and is not empty; pass --force to replace "
-            f"llmctl's outputs in it (other files are kept)"
-        )
+        raise exists_error(target)
 
 
 def new_stage(target: Path) -> Path:
@@ -216,10 +214,7 @@ def check_collisions(target: Path, files: list[str]) -> None:
     for rel in files:
         dest = target / rel
         if (dest.exists() or dest.is_symlink()) and rel not in own:
-            raise UserError(
-                f"{dest} exists and was not written by llmctl; not replacing it "
-                f"(move it away or choose another --out)"
-            )
+            raise not_ours_error(dest)
 
 
 def _write_marker(path: Path, payload: dict[str, Any]) -> None:

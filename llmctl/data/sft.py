@@ -54,6 +54,7 @@ import numpy as np
 from llmctl.data import indexed
 from llmctl.data.manifest import commit, manifest_path, read_json, stamp, write_json_atomic
 from llmctl.errors import UserError
+from llmctl.staging import exists_error, not_ours_error
 
 KIND = "sft-packed"
 ROLES = ("system", "user", "assistant", "tool")
@@ -413,13 +414,10 @@ def _check_outputs(prefix: str, force: bool) -> None:
     for p in output_prefixes(prefix):
         paths += [indexed.bin_path(p), indexed.idx_path(p)]
     for path in paths:
-        if path.exists() and not ours:
-            raise UserError(
-                f"{path} exists and was not written by `llmctl data sft`; "
-                "remove it or choose another --out"
-            )
         if path.exists() and not force:
-            raise UserError(f"{path} exists; pass --force to replace the SFT dataset")
+            raise exists_error(path)
+        if path.exists() and not ours:
+            raise not_ours_error(path)
 
 
 class _Writers:

@@ -34,7 +34,7 @@ from typing import Any
 from llmctl.errors import UserError
 from llmctl.hf import mapping as M
 from llmctl.hf.config import family_of, load_hf_config, model_fields
-from llmctl.staging import publish
+from llmctl.staging import check_out, publish
 
 MARKER = "import.json"
 _IGNORED = ("rotary_emb.inv_freq",)
@@ -243,15 +243,13 @@ def _staging(out: Path) -> Path:
     return out.parent / f".{out.name}.tmp-{os.getpid()}"
 
 
-def _check_out(out: Path, force: bool) -> None:
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return
-    if not force:
-        raise UserError(f"output {out} already exists; choose another --out or pass --force")
-    if not (out / MARKER).is_file():
-        raise UserError(
-            f"output {out} exists and was not written by llmctl import; not replacing it"
-        )
+def check_import_out(out: Path, force: bool) -> None:
+    """OUT must be absent, empty, or (with `force`) an earlier import's output.
+
+    Raises:
+        UserError: The shared "exists" or "not written by llmctl" line.
+    """
+    check_out(out, force, MARKER)
 
 
 def import_hf(
@@ -263,7 +261,7 @@ def import_hf(
         UserError: OUT exists (without --force, or not written by llmctl), or a tensor's shape
             disagrees with the model the config describes.
     """
-    _check_out(out, force)
+    check_import_out(out, force)
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = _staging(out)

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.progress import NO_PROGRESS, Phase, Progress, third_party_output_to
+from llmctl.staging import check_out
 from llmctl.train.ckpt_safe import weights_only_loads
 
 if TYPE_CHECKING:
@@ -611,15 +612,7 @@ def export_run(
     Third-party warnings go to OUT/export.log (kept as .OUT.export.log if the export fails),
     not the console, unless `-v`.
     """
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise UserError(f"output {out} already exists; choose another --out or pass --force")
-    if force and out.exists() and not out.is_dir():
-        raise UserError(f"output {out} is a file, not an llmctl output: choose another --out")
-    if force and out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARKER).is_file():
-        raise UserError(
-            f"output {out} was not written by llmctl export (no {EXPORT_MARKER}); --force "
-            "replaces only llmctl's own outputs: choose another --out"
-        )
+    check_out(out, force, EXPORT_MARKER)
     log = out.parent / f".{out.name}.export.log"
     with third_party_output_to(log):
         with progress.phase(f"validate checkpoint of {run_dir}"):

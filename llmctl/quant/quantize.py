@@ -35,7 +35,7 @@ from llmctl.quant.schemes import (
     quantized_linears,
     theoretical_bits_per_weight,
 )
-from llmctl.staging import publish, staging_dir
+from llmctl.staging import check_out, publish, staging_dir
 
 REPORT_FILE = "quant_report.json"
 DEFAULT_EVAL_TOKENS = 16384
@@ -143,17 +143,8 @@ class QuantReport:
 
 
 def _check_out(request: QuantRequest) -> None:
-    out = request.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not request.force:
-        raise UserError(f"output {out} already exists; choose another --out or pass --force")
-    if request.force and out.exists() and not out.is_dir():
-        raise UserError(f"output {out} is a file, not an llmctl output: choose another --out")
-    if request.force and out.is_dir() and any(out.iterdir()) and not _llmctl_wrote(out):
-        raise UserError(
-            f"output {out} was not written by llmctl quantize (no {REPORT_FILE}); "
-            "--force replaces only llmctl's own outputs: choose another --out"
-        )
-    if out.resolve() == request.source.resolve():
+    check_out(request.out, request.force, REPORT_FILE)
+    if request.out.resolve() == request.source.resolve():
         raise UserError("--out must differ from the source directory")
 
 
@@ -274,11 +265,6 @@ def _split(request: QuantRequest, found: dict[str, Any]) -> calibration.TokenSpl
     )
     calibration.check_vocab(split, found["tokenizer_vocab"], found["model_vocab"], str(data))
     return split
-
-
-def _llmctl_wrote(out: Path) -> bool:
-    """Whether `out` is a finished llmctl quantize output (safe to replace under --force)."""
-    return (out / REPORT_FILE).is_file()
 
 
 def _quiet_progress() -> None:

@@ -213,7 +213,7 @@ def test_refuses_to_replace_what_it_did_not_write(tmp_path: Path) -> None:
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     res = CliRunner().invoke(app, ["import", "hf", str(src), "--out", str(out), "--force"])
-    assert res.exit_code == 2 and "not written by llmctl import" in res.output
+    assert res.exit_code == 2 and "not written by llmctl" in res.output
     assert (out / "notes.txt").read_text() == "mine"
 
 

@@ -99,7 +99,7 @@ def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert (out / "config.json").is_file()
     again = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out)])
-    assert again.exit_code == 2 and "already exists" in again.output
+    assert again.exit_code == 2 and "exists; pass --force" in again.output
     forced = runner.invoke(
         app, ["export", "hf", str(run["run"]), "-o", str(out), "--force", "--json"],
         env={"LLMCTL_PROGRESS": "1", "COLUMNS": "120"},  # CliRunner's stderr is no terminal
@@ -113,7 +113,7 @@ def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
     foreign.mkdir()
     (foreign / "config.json").write_text("{}")
     refused = runner.invoke(app, ["export", "hf", str(run["run"]), "-o", str(foreign), "--force"])
-    assert refused.exit_code == 2 and "not written by llmctl export" in refused.output
+    assert refused.exit_code == 2 and "not written by llmctl" in refused.output
     assert (foreign / "config.json").read_text() == "{}"
 
     broken = tmp_path / "broken"

@@ -76,7 +76,7 @@ def test_dedup_into_a_folder_holding_the_input_loses_nothing(
     before = _user_folder(folder, corpus)
     args = ["dedup", str(folder / "corpus.jsonl"), "-o", str(folder), "-j", "1"]
     line = _one_line_error(cli(args))
-    assert "exists and is not empty; pass --force" in line
+    assert "exists; pass --force" in line
     assert _snapshot(folder) == before
     # --force replaces only llmctl's own outputs: corpus.jsonl is the user's input, so the
     # dedup output of the same name is refused and nothing moves.
@@ -135,7 +135,7 @@ def test_tokenizer_train_and_corpus_refuse_existing_targets(
     tok.mkdir()
     (tok / "my_vocab.txt").write_text("mine")
     args = ["tokenizer", "train", str(corpus), "-o", str(tok), "--vocab-size", "300"]
-    assert "not empty; pass --force" in _one_line_error(cli(args))
+    assert "exists; pass --force" in _one_line_error(cli(args))
     assert cli([*args, "--force"]).exit_code == 0
     assert (tok / "my_vocab.txt").read_text() == "mine" and (tok / "tokenizer.json").is_file()
     assert cli([*args, "--force"]).exit_code == 0  # its own files: replaced again

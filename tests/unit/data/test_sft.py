@@ -252,7 +252,7 @@ def test_failed_rerun_keeps_the_previous_output(tok_dir, tmp_path):
 def test_files_llmctl_did_not_write_are_never_replaced(tok_dir, tmp_path):
     src = write_jsonl(tmp_path / "a.jsonl", translate_examples(5))
     (tmp_path / "x.bin").write_bytes(b"user data")
-    with pytest.raises(UserError, match="not written by `llmctl data sft`"):
+    with pytest.raises(UserError, match="not written by llmctl"):
         build_sft(
             SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "x"), tokenizer=str(tok_dir),
                       seq_length=32, force=True)
