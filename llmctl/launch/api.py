@@ -279,9 +279,9 @@ def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict
         from llmctl.launch.slurm import execute_slurm
 
         result["job_id"] = record["job_id"] = execute_slurm(launch.sbatch, launch.run_dir)
-        _write_launch(launch.run_dir, record)
+        write_launch(launch.run_dir, record)
         return result
-    _write_launch(launch.run_dir, record)
+    write_launch(launch.run_dir, record)
     from llmctl.launch.common import RankExits
 
     exits = RankExits()
@@ -297,7 +297,7 @@ def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict
     record.update(exit_code=rc, finished=time.time())
     if exits.reason():
         record["reason"] = result["reason"] = exits.reason()
-    _write_launch(launch.run_dir, record)
+    write_launch(launch.run_dir, record)
     result["exit_code"] = rc
     return result
 
@@ -305,7 +305,7 @@ def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict
 _LAUNCH_RESERVE = 2048  # trailing spaces: room for the final record on a disk that fills up
 
 
-def _write_launch(run_dir: Path, record: dict[str, Any]) -> None:
+def write_launch(run_dir: Path, record: dict[str, Any]) -> None:
     """Replace launch.json atomically, with room reserved for the final record.
 
     On a full disk the atomic replace fails; the final record (exit code) then overwrites the

@@ -16,6 +16,7 @@ from typing import IO, Any, TextIO
 from llmctl.errors import UserError
 
 ENTRY_MODULE = "llmctl.train.entry"
+NODE_MODULE = "llmctl.launch.node"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -80,6 +81,12 @@ def python_of(cfg: Any) -> str:
 def torchrun_prefix(python: str) -> list[str]:
     """`torchrun` called through a known interpreter (a bare `torchrun` may not be on PATH)."""
     return [python, "-m", "torch.distributed.run"]
+
+
+def node_prefix(python: str, *, watch_stdin: bool = False) -> list[str]:
+    """The per-node wrapper around torchrun under srun/ssh (`launch.node`): it exits with the
+    rank's own code and ends the run's leftovers on its host."""
+    return [python, "-m", NODE_MODULE, "run", *(["--watch-stdin"] if watch_stdin else []), "--"]
 
 
 def entry_args(run_dir: str | Path) -> list[str]:
@@ -176,20 +183,23 @@ class RankExits:
 
 
 def tee(
-    src: IO[bytes], log_path: str | Path, echo: TextIO | None, exits: RankExits | None = None
+    src: IO[bytes],
+    log_path: str | Path | None,
+    echo: TextIO | None,
+    exits: RankExits | None = None,
 ) -> None:
-    """Copy a child's output to a log file (appending) and, if given, to a console stream.
+    """Copy a child's output to a log file (appending; None: no file) and to a console stream.
 
     Never raises on the log file: a full disk or an I/O error stops the copy to the file (one
     note on the console) while the console copy and the run go on, so the run's own failed-save
     policy decides what happens. Reads until every writer of `src` has closed it.
     """
     sink = getattr(echo, "buffer", None)
-    log = _open_log(log_path, echo)
+    log = None if log_path is None else _open_log(log_path, echo)
     for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
         if exits is not None:
             exits.feed(chunk, id(src))
-        if log is not None:
+        if log is not None and log_path is not None:
             log = _log_write(log, chunk, log_path, echo)
         try:
             if sink is not None:

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +162,10 @@ def _dir_status(run_dir: Path) -> RunStatus:
     launch = _launched(run_dir)
     if launch.get("kind") == "slurm":
         job_id = str(launch.get("job_id") or _read(run_dir / JOB_ID_FILE).strip())
-        return _slurm_status(run_dir, job_id, _scontrol_job(job_id))
+        status = _slurm_status(run_dir, job_id, _scontrol_job(job_id))
+        if status.state == "GONE" and "exit_code" in launch:  # recorded by the batch script
+            return replace(status, exit_code=f"{launch['exit_code']}:0")
+        return status
     if "exit_code" in launch:
         state = "COMPLETED" if launch["exit_code"] == 0 else "FAILED"
     else:

@@ -5,7 +5,10 @@ its CPUs (and GPUs on GPU clusters), takes the rendezvous host from the allocati
 (`scontrol show hostnames`), refuses a rendezvous host that resolves to loopback in multi-node
 jobs, and handles the time limit: `--signal=B:USR1@<lead>` reaches the batch shell, which sends
 SIGTERM to the job steps (torchrun gives the workers 30 s to checkpoint and exit) and then
-requeues the job; `--open-mode=append` keeps the log across restarts.
+requeues the job; `--open-mode=append` keeps the log across restarts. srun runs under llmctl's
+wrapper (`launch.node`, in the batch step), so the job ends with the code a rank reported (3 for
+the failed-save stop, 143 after a preemption checkpoint: `scontrol`/`sacct` ExitCode 3:0), not
+torchrun's 1; the script records it in launch.json for `llmctl status`.
 
 Every user value in the script is shell-quoted; secrets appear by name only (`--export=ALL,NAME`
 takes their values from the submitting environment at submit time).
@@ -23,10 +26,12 @@ from typing import Any
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
+    NODE_MODULE,
     entry_args,
     launch_env,
     launch_shape,
     layout_of,
+    node_prefix,
     python_of,
     run_name,
     torchrun_prefix,
@@ -148,7 +153,8 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
         *_EXPANDED[1:],
         f"--max-restarts={int(cfg.launcher.max_restarts)}",
     ]
-    cmd = " ".join(q(a) for a in torchrun_prefix(python_of(cfg)))
+    python = python_of(cfg)
+    cmd = " ".join(q(a) for a in torchrun_prefix(python))
     cmd += "".join(f" \\\n    {o}" for o in options)
     cmd += " \\\n    " + " ".join(q(a) for a in entry_args(run_dir))
     secrets = " ".join(q(s) for s in cfg.launcher.secrets)
@@ -169,8 +175,8 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
             '  [[ -n "${!name:-}" ]] || echo "llmctl: warning: secret $name is not set" >&2',
             "done",
         ]
+    py = q(python)
     if cfg.cluster.device == "cuda":  # refuse at once when a node differs from the plan
-        py = q(python_of(cfg))
         lines += [
             f'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 {py} -m llmctl.topology.preflight '
             f"{q(str(run_dir))} || exit 2",
@@ -182,6 +188,8 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
         sig=_signal(cfg.launcher.slurm_signal)[2:].split("@")[0],
         requeue_note="; then requeue" if cfg.launcher.slurm_requeue else "",
         requeue_block=_REQUEUE if cfg.launcher.slurm_requeue else "",
+        wrapper=" ".join(q(a) for a in node_prefix(python)),
+        record=f'{py} -m {NODE_MODULE} record {q(str(run_dir))} "$rc"',
     ).splitlines()
     return "\n".join(lines) + "\n"
 
@@ -215,14 +223,18 @@ llmctl_notice() {{
 trap llmctl_notice {sig}
 trap 'echo "llmctl: caught SIGTERM: waiting for the ranks to exit" >&2' TERM
 
-srun --kill-on-bad-exit=1 --nodes="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task={cpus} \\
+# srun runs under llmctl's wrapper, which copies its output and exits with the code a rank
+# reported (3: failed saves, 143: preempted), not torchrun's 1 (torchrun's for any other end).
+{wrapper} \\
+  srun --kill-on-bad-exit=1 --nodes="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task={cpus} \\
   {cmd} &
-srun_pid=$!
+run_pid=$!
 while :; do
-  wait "$srun_pid"
+  wait "$run_pid"
   rc=$?
-  kill -0 "$srun_pid" 2>/dev/null || break
+  kill -0 "$run_pid" 2>/dev/null || break
 done
+{record}
 {requeue_block}exit "$rc"
 """
 

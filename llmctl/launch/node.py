@@ -1,0 +1,160 @@
+"""A launch under a remote launcher: `python -m llmctl.launch.node run [--watch-stdin] -- ARGV`.
+
+torchrun exits 1 whatever its workers' codes. Under SLURM that 1 would be the job's exit code
+(`scontrol`/`sacct` ExitCode 1:0), under ssh the node's. This wrapper does what `llmctl train`
+does around the local launcher (`launch.local.execute_local`): it marks the run's processes with
+a run token (`procs.TOKEN_ENV`), copies ARGV's output to its own while reading the ranks' exit
+lines (`common.RankExits`), ends whatever of the run is left on this host once ARGV has exited
+(`procs.end_processes`), and exits with the rank's own code: 3 for the failed-save policy stop,
+143 after a preemption checkpoint. An ARGV killed by a signal with no rank report is passed on
+as the same signal (ssh then reports 255: the ssh launcher's "node lost").
+
+Two places:
+- SLURM: around `srun` in the batch script (srun carries every node's output). Signals to the
+  batch step reach srun too (slurmstepd signals the whole step), so SIGTERM/SIGINT/SIGUSR1 are
+  only noted here: passing them on as well would make srun cancel the job step at once.
+- ssh (`--watch-stdin`): around each node's torchrun. torchrun dies with the wrapper
+  (PR_SET_PDEATHSIG), SIGTERM and SIGINT are passed on, and the run is stopped (SIGTERM to
+  torchrun: the ranks checkpoint and exit) when standard input closes: the launcher closed it, or
+  the launcher's ssh client died. sshd sends no signal to a command without a terminal, so
+  without this a remote torchrun ran on after its launcher was killed.
+
+`python -m llmctl.launch.node record RUN_DIR CODE` writes a SLURM job's exit code into the run's
+launch record (the batch script calls it once srun has returned).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from llmctl.launch.common import RankExits, tee
+from llmctl.launch.procs import TOKEN_ENV, end_processes, new_token
+
+USAGE = (
+    "usage: python -m llmctl.launch.node run [--watch-stdin] -- ARGV...\n"
+    "       python -m llmctl.launch.node record RUN_DIR CODE"
+)
+
+
+def run_node(argv: list[str], *, watch_stdin: bool = False) -> int:
+    """Run `argv` (srun, or one node's torchrun) to its end; return the code to exit with.
+
+    Args:
+        argv: The rendered command.
+        watch_stdin: ssh: stop the run (SIGTERM to torchrun) when standard input closes, pass
+            SIGTERM/SIGINT on, and let torchrun die with this process; else (srun) only note
+            them.
+
+    Returns:
+        A rank's reported non-zero code when one was reported, else torchrun's own code, or
+        -N when torchrun was killed by signal N and no rank reported a code.
+    """
+    token = new_token()
+    proc = _spawn(argv, {**os.environ, TOKEN_ENV: token}, with_wrapper=watch_stdin)
+    exits = RankExits()
+    assert proc.stdout is not None
+    copier = threading.Thread(target=tee, args=(proc.stdout, None, sys.stdout, exits), daemon=True)
+    copier.start()
+    if watch_stdin:
+        threading.Thread(target=_stop_on_eof, args=(proc,), daemon=True).start()
+    old = _handle_signals(proc, forward=watch_stdin)
+    try:
+        rc = proc.wait()
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+    end_processes(token)  # what a crashed rank left (its Manager, writers): nothing else runs
+    copier.join(timeout=10)
+    if rc < 0 and not any(code for _, code, _ in exits.reports):
+        return rc
+    return exits.exit_code(rc if rc >= 0 else 128 - rc)
+
+
+def _spawn(argv: list[str], env: dict[str, str], *, with_wrapper: bool) -> subprocess.Popen[bytes]:
+    """The one place this module starts a process (ARGV); `with_wrapper`: it gets SIGTERM
+    when this process dies (not srun: SIGTERM makes srun cancel the step at once)."""
+    from llmctl.train.ckpt_signals import parent_death_signal
+
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=parent_death_signal(signal.SIGTERM) if with_wrapper else None,
+    )
+
+
+def _handle_signals(proc: subprocess.Popen[bytes], *, forward: bool) -> dict[int, Any]:
+    """Note (srun) or pass on (ssh) SIGTERM/SIGINT/SIGUSR1; returns the old handlers."""
+
+    def on_signal(signum: int, frame: Any) -> None:
+        del frame
+        if forward and signum != signal.SIGUSR1:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+    return {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+
+
+def _stop_on_eof(proc: subprocess.Popen[bytes]) -> None:
+    """Read standard input to its end; then stop torchrun (its ranks checkpoint and exit)."""
+    with contextlib.suppress(OSError):
+        while os.read(0, 4096):
+            pass
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(OSError, ValueError):  # the session may be gone: EPIPE
+            print("llmctl: the launcher's ssh session closed; stopping this node", flush=True)
+
+
+def record_exit(run_dir: str | Path, code: int) -> None:
+    """Add a finished SLURM job's exit code to RUN_DIR/launch.json (`llmctl status` reads it)."""
+    import time
+
+    from llmctl.launch.api import read_launch, write_launch
+
+    try:
+        record = read_launch(run_dir)
+    except (OSError, ValueError):
+        record = {}
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+    record.update(exit_code=code, finished=time.time(), slurm_restart=int(restarts or 0))
+    write_launch(Path(run_dir), record)
+
+
+def _exit(rc: int) -> int:
+    """Exit with `rc`, or die of signal -rc (so ssh and srun see the signal, as before)."""
+    if rc >= 0:
+        return rc
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+        signal.signal(-rc, signal.SIG_DFL)
+    os.kill(os.getpid(), -rc)
+    return 128 - rc  # not reached for a fatal signal
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `run [--watch-stdin] -- ARGV...` or `record RUN_DIR CODE`."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["record"] and len(args) == 3 and args[2].lstrip("-").isdigit():
+        record_exit(args[1], int(args[2]))
+        return 0
+    if args[:1] == ["run"]:
+        watch = "--watch-stdin" in args[1:2]
+        rest = args[2:] if watch else args[1:]
+        if rest[:1] == ["--"] and len(rest) > 1:
+            return _exit(run_node(rest[1:], watch_stdin=watch))
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
