@@ -214,17 +214,23 @@ def _run_layout(data: dict[str, Any], path: Path) -> Layout:
 
 
 def _quiet_step_s(run_dir: Path) -> float | None:
-    """The 20th percentile of the steady-state step times in RUN_DIR/metrics.jsonl: a step
-    time robust to other processes sharing the machine (perf.json keeps the median)."""
+    """The 20th percentile of the steady-state, load-corrected step times in
+    RUN_DIR/metrics.jsonl (`step_time_s * cpu_share` where recorded: the waits for a CPU
+    taken out): a step time robust to other processes sharing the machine (perf.json keeps
+    the median wall time)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None
     times = []
     for line in path.read_text().splitlines():
         try:
-            value = json.loads(line).get("step_time_s")
-        except ValueError:
+            record = json.loads(line)
+            value = record.get("step_time_s")
+        except (ValueError, AttributeError):
             continue
+        share = record.get("cpu_share")
+        if isinstance(share, int | float) and 0 < share <= 1 and isinstance(value, int | float):
+            value *= share
         if isinstance(value, int | float) and value > 0:
             times.append(float(value))
     steady = sorted(times[len(times) // 5 + 1 :])

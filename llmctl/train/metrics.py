@@ -44,6 +44,51 @@ def flops_per_token(model: ModelConfig) -> float:
     return float(6.0 * n_matmul + attention)
 
 
+def sched_ns() -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable but waiting for a CPU) of the calling thread, from
+    /proc/thread-self/schedstat; None where the kernel does not report it.
+
+    Only the calling (training) thread: helper threads that wake often add waits that say
+    nothing about the step."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def rank_times(
+    wall_s: float, before: tuple[int, int] | None, after: tuple[int, int] | None
+) -> tuple[float, float, float] | None:
+    """(seconds on a CPU, seconds blocked on others, CPU share) of this rank's training thread
+    over one step from two `sched_ns` readings: the rest of the wall time that was neither
+    running nor waiting for a CPU was spent blocked (on other ranks, I/O)."""
+    if before is None or after is None:
+        return None
+    run, wait = (after[0] - before[0]) / 1e9, (after[1] - before[1]) / 1e9
+    if run <= 0 or wait < 0:
+        return None
+    return run, max(0.0, wall_s - run - wait), run / (run + wait)
+
+
+def cpu_share(wall_s: float, ranks: list[tuple[float, float, float]]) -> float | None:
+    """Load-corrected step time / wall step time, from every rank's `rank_times`.
+
+    Why: on a shared host a step stretches by the time ranks waited for a CPU. Each rank's
+    step without those waits is its CPU seconds plus its blocked seconds shrunk by the CPU
+    share of the ranks it waited for (their work was stretched alike); the step is the
+    longest of these. One rank: its CPU seconds. On an idle host the share is 1.
+    """
+    if not ranks or wall_s <= 0:
+        return None
+    steps = []
+    for i, (run, blocked, _) in enumerate(ranks):
+        others = [share for j, (_, _, share) in enumerate(ranks) if j != i]
+        steps.append(run + blocked * (min(others) if others else 1.0))
+    return min(1.0, max(steps) / wall_s)
+
+
 def peak_tflops_for(cluster: ClusterConfig, dtype: str) -> float | None:
     """Dense peak TFLOP/s of one device for a compute dtype (fp8 falls back to bf16)."""
     peaks = dict(cluster.peak_tflops or {})
@@ -68,6 +113,10 @@ class StepMetrics:
     mem_gib: float | None
     consumed_samples: int
     val_loss: float | None = None
+    cpu_share: float | None = None
+    """Load-corrected / wall step time (`cpu_share`, from Linux schedstat; 1.0 on an otherwise
+    idle host): `step_time_s * cpu_share` is the step time with the ranks' waits for a CPU
+    taken out, the figure `plan --calibrate` fits."""
     time: float = field(default_factory=time.time)
 
 

@@ -22,9 +22,12 @@ from llmctl.train.metrics import (
     MetricsLog,
     PerfReport,
     StepMetrics,
+    cpu_share,
     flops_per_token,
     peak_tflops_for,
     perf_markdown,
+    rank_times,
+    sched_ns,
     start_wandb,
     steady_state_step_s,
     write_perf,
@@ -85,6 +88,7 @@ class _Observer:
         self.losses: list[float] = []
         self.val_losses: dict[int, float] = {}
         self.peak_mem_gib: float | None = None
+        self.cpu_share: float | None = None
         self.metrics = MetricsLog(run_dir / "metrics.jsonl") if self.rank0 else None
         mem_label = "GPU mem GiB" if on_gpu else "host RSS GiB"
         title = f"llmctl train: {cfg.recipe or cfg.model.name}"
@@ -123,6 +127,7 @@ class _Observer:
             mem_gib=self._sample_mem(),
             consumed_samples=consumed,
             val_loss=val_loss,
+            cpu_share=self.cpu_share,
         )
         self._write_metrics(asdict(m))
         if self.wandb is not None:
@@ -213,6 +218,23 @@ def train(
         parallel.teardown(destroy_process_group=False)
 
 
+def _cpu_share(
+    wall_s: float, mine: tuple[float, float, float] | None, on_gpu: bool
+) -> float | None:
+    """`metrics.cpu_share` of this step; with several CPU ranks their `rank_times` are
+    gathered first (one small gloo all-gather per step, outside the timed step)."""
+    import torch
+    import torch.distributed as dist
+
+    if on_gpu or not dist.is_initialized() or dist.get_world_size() == 1:
+        return cpu_share(wall_s, [mine]) if mine else None
+    row = torch.tensor(mine or (0.0, 0.0, 0.0), dtype=torch.float64)
+    rows = [torch.zeros_like(row) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, row)
+    ranks = [(r[0].item(), r[1].item(), r[2].item()) for r in rows]
+    return None if any(r[0] <= 0 for r in ranks) else cpu_share(wall_s, ranks)
+
+
 def _train_loop(
     cfg: Any,
     run_dir: Path,
@@ -240,10 +262,11 @@ def _train_loop(
     try:
         with obs.panel:
             while trainer.state.step < t.train_iters:
-                t0 = time.perf_counter()
+                t0, s0 = time.perf_counter(), sched_ns()
                 loss, grad_norm = trainer.train_step()
                 trainer.sync()
                 dt = time.perf_counter() - t0
+                obs.cpu_share = _cpu_share(dt, rank_times(dt, s0, sched_ns()), on_gpu)
                 step = trainer.state.step
                 val = None
                 if t.eval_interval > 0 and (step % t.eval_interval == 0 or step == t.train_iters):
