@@ -20,7 +20,7 @@ from typing import Any
 from llmctl.config import compose
 from llmctl.config.planning import cluster_spec, plan_config
 from llmctl.plan import ClusterSpec, evaluate
-from llmctl.plan.reference import measured_step_s, row_input, row_layout
+from llmctl.plan.reference import layer_row_s, measured_step_s, row_input, row_layout
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan" / "published_runs.json"
 RECIPES = [
@@ -63,6 +63,22 @@ def rows() -> list[dict[str, Any]]:
     return out
 
 
+def table4() -> list[dict[str, Any]]:
+    """Per-layer times of Korthikanti et al. 2022 Table 4 (22B, TP8) against the model."""
+    data = json.loads(FIX.read_text())
+    table = json.loads(FIX.with_name("korthikanti_2022.json").read_text())["table4"]
+    cluster = _cluster("dgx_a100_80gb")
+    out = []
+    for row in table["rows"]:
+        pred, meas = layer_row_s(table, row, data["models"]["gpt_22b"], cluster)
+        out.append({"row": row["name"], "measured_ms": meas * 1e3, "predicted_ms": pred * 1e3})
+    base = out[0]["predicted_ms"]
+    for r in out:
+        r["error"] = r["predicted_ms"] / r["measured_ms"] - 1.0
+        r["vs_no_recompute"] = r["predicted_ms"] / base - 1.0
+    return out
+
+
 def summary(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean and worst |error| of the dense fit rows, dense held-out rows, all dense rows and
     the (held-out) mixture-of-experts rows."""
@@ -102,10 +118,11 @@ def ranks() -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    table, rank_rows = rows(), ranks()
+    table, rank_rows, layers = rows(), ranks(), table4()
     stats = summary(table)
     if "--json" in sys.argv:
-        print(json.dumps({"rows": table, "summary": stats, "ranks": rank_rows}, indent=1))
+        out = {"rows": table, "summary": stats, "ranks": rank_rows, "table4": layers}
+        print(json.dumps(out, indent=1))
         return
     print("| published run | fit? | layout | measured s | predicted s | error | peak GiB |")
     print("|---|---|---|---|---|---|---|")
@@ -121,6 +138,17 @@ def main() -> None:
         print(
             f"{label}: {s['rows']:.0f} rows, mean |error| {s['mean_abs']:.1%}, "
             f"worst {s['max_abs']:.1%}"
+        )
+    print()
+    print(
+        "| Korthikanti Table 4, 22B layer (A100 fit) | measured ms | predicted ms | error | "
+        "vs no recompute |"
+    )
+    print("|---|---|---|---|---|")
+    for r in layers:
+        print(
+            f"| {r['row']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.2f} | "
+            f"{r['error']:+.1%} | {r['vs_no_recompute']:+.1%} |"
         )
     print()
     print("| recipe | published layout | rank (of fitting) | top pick | top pick faster by |")
