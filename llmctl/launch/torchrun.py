@@ -14,6 +14,13 @@ resolves to a loopback address in a multi-node run (the classic `127.0.1.1 hostn
 On CUDA clusters it then runs the hardware preflight on every host (`check_hardware`: GPU
 model, memory, count, NVLink domain, NICs against the plan's cluster, as the SLURM script does).
 
+Each node's torchrun runs under the node wrapper (`launch.node`, `--watch-stdin`): it exits with
+the rank's own code, ends what is left of the run on its host once torchrun exits, and stops the
+node when its ssh session's standard input closes. The launcher keeps each session's standard
+input open for the run's lifetime and closes it to stop a node; its ssh clients get SIGTERM if
+the launcher dies (PR_SET_PDEATHSIG), so a killed launcher stops every node (sshd sends no signal
+to a command without a terminal: a remote torchrun would otherwise run on).
+
 With `--max-restarts` > 0 a node lost mid-run (its ssh session ends with 255: a host crash) is
 brought back by running its rendered command again once the host answers ssh (`rejoin_node`);
 torchrun's agents re-form the group and the ranks resume from the newest complete checkpoint.
@@ -21,8 +28,10 @@ torchrun's agents re-form the group and the ranks resume from the newest complet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +48,7 @@ from llmctl.launch.common import (
     launch_env,
     launch_shape,
     layout_of,
+    node_prefix,
     python_of,
     run_name,
     tee,
@@ -109,6 +119,7 @@ def render_torchrun_nodes(
     nodes = []
     for rank, host in enumerate(used):
         argv = (
+            *node_prefix(python_of(cfg), watch_stdin=True),
             *torchrun_prefix(python_of(cfg)),
             f"--nnodes={num_nodes}",
             f"--nproc-per-node={shape.nproc_per_node}",
@@ -140,7 +151,10 @@ def render_torchrun_nodes(
 def remote_command(
     cwd: str | Path, argv: tuple[str, ...], env: dict[str, str], secrets: tuple[str, ...]
 ) -> str:
-    """The shell command a node runs: cd, read secrets from stdin, exec env ... torchrun."""
+    """The shell command a node runs: cd, read secrets from stdin, exec env ... ARGV.
+
+    The rest of standard input stays with ARGV (the node wrapper watches it for its end).
+    """
     parts = [f"cd {shlex.quote(str(cwd))}"]
     if secrets:
         reads = " && ".join(f"IFS= read -r {name}" for name in secrets)
@@ -210,9 +224,19 @@ def render_host_check(node: NodeCommand) -> list[str]:
     return [*node.ssh_argv[:-1], "true"]
 
 
-def _spawn(argv: list[str] | tuple[str, ...], **kwargs: Any) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str] | tuple[str, ...], *, with_launcher: bool = False, **kwargs: Any
+) -> subprocess.Popen[bytes]:
     """The one place this backend starts a process: a rendered ssh argv (launch, probe,
-    host check); every argv it runs comes from a `render_*` function or `NodeCommand`."""
+    host check); every argv it runs comes from a `render_*` function or `NodeCommand`.
+
+    `with_launcher`: the ssh client gets SIGTERM when this process dies (node launches only,
+    started from the main thread: the signal follows the thread that started the child).
+    """
+    if with_launcher:
+        from llmctl.train.ckpt_signals import parent_death_signal
+
+        kwargs["preexec_fn"] = parent_death_signal(signal.SIGTERM)
     return subprocess.Popen(list(argv), **kwargs)
 
 
@@ -335,12 +359,25 @@ def execute_torchrun(
     try:
         rc = _wait_all(procs, nodes, log_dir, echo, copiers, exits)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
+        _stop_nodes(procs)
         for t in copiers:
             t.join(timeout=5)
     return exits.exit_code(rc)
+
+
+def _stop_nodes(procs: list[subprocess.Popen[bytes]], grace_s: float = 45.0) -> None:
+    """Close every node's standard input (the node wrapper stops its torchrun: the ranks
+    checkpoint and exit); ssh clients still running after `grace_s` are terminated."""
+    for proc in procs:
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.poll() is None:
+            proc.terminate()
 
 
 def _start_node(
@@ -354,10 +391,12 @@ def _start_node(
     secrets = secret_values(node.secrets)
     payload = "".join(f"{secrets[n]}\n" for n in node.secrets).encode()
     pipe = subprocess.PIPE
-    proc = _spawn(node.ssh_argv, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT)
+    proc = _spawn(
+        node.ssh_argv, with_launcher=True, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT
+    )
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(payload)
-    proc.stdin.close()
+    proc.stdin.write(payload)  # then left open: the node runs until it is closed
+    proc.stdin.flush()
     log = Path(log_dir) / f"node{node.node_rank}.log"
     shown = (sys.stdout if echo is None else echo) if node.node_rank == 0 else None
     t = threading.Thread(target=tee, args=(proc.stdout, log, shown, exits), daemon=True)

@@ -52,7 +52,9 @@ def test_remote_command_passes_env_inline_and_secrets_on_stdin(
                          capture_output=True, text=True, check=True, env=clean)  # fmt: skip
     fields = out.stdout.split("\0")
     assert fields[:4] == [str(run_dir), env["QUOTE"], env["SUBST"], "s3cr3t $(x)"]
-    assert fields[4:7] == ["-m", "torch.distributed.run", "--nnodes=1"]
+    # the node wrapper (rank exit codes, leftovers, stdin watch), then torchrun itself
+    assert fields[4:9] == ["-m", "llmctl.launch.node", "run", "--watch-stdin", "--"]
+    assert fields[9:13] == [str(fake_python), "-m", "torch.distributed.run", "--nnodes=1"]
     assert fields[-4:-1] == ["-m", "llmctl.train.entry", str(run_dir)]
     assert "s3cr3t" not in node.remote_command
     assert not list(tmp_path.glob("pwned*"))
