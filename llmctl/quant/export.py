@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
-from llmctl.progress import NO_PROGRESS, Phase, Progress, third_party_output_to
+from llmctl.progress import NO_PROGRESS, Progress, third_party_output_to
 from llmctl.staging import check_out
 from llmctl.train.ckpt_safe import weights_only_loads
 
@@ -260,8 +260,27 @@ def _one_rank_group() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def load_model_tensors(ckpt_dir: Path) -> dict[str, Any]:
-    """Whole model tensors of a torch_dist checkpoint, by megatron key (optimizer state skipped)."""
+MIB = 1 << 20
+
+
+def _mib(num_bytes: int) -> int:
+    """Progress unit of the load and write phases (at least 1, so a bar always completes)."""
+    return max(1, -(-num_bytes // MIB))
+
+
+def _nbytes(meta: Any) -> int:
+    """Bytes of a whole tensor from its checkpoint metadata (global shape and dtype)."""
+    import math
+
+    return int(math.prod(meta.global_shape) * meta.dtype.itemsize)
+
+
+def load_model_tensors(ckpt_dir: Path, progress: Progress = NO_PROGRESS) -> dict[str, Any]:
+    """Whole model tensors of a torch_dist checkpoint, by megatron key (optimizer state skipped).
+
+    One `dist_checkpointing.load` per key (stacked layers make that a dozen or so calls, each a
+    large read), so the phase advances per tensor, in MiB: its ETA follows the bytes read.
+    """
     with warnings.catch_warnings():  # "TE/Apex not installed": irrelevant to reading tensors
         warnings.simplefilter("ignore")
         from megatron.core import dist_checkpointing
@@ -271,10 +290,20 @@ def load_model_tensors(ckpt_dir: Path) -> dict[str, Any]:
         wanted = {k: v for k, v in metadata.items() if _MODEL_KEY.match(k)}
         if not wanted:
             raise UserError(f"checkpoint {ckpt_dir} holds no model tensors")
-        with warnings.catch_warnings():  # torch's DCP deprecation notice inside megatron
-            warnings.simplefilter("ignore", FutureWarning)
-            loaded = dist_checkpointing.load(wanted, str(ckpt_dir), validate_access_integrity=False)
-    return {m.group(1): t for k, t in loaded.items() if k in wanted and (m := _MODEL_KEY.match(k))}
+        total = sum(_nbytes(v) for v in wanted.values())
+        loaded: dict[str, Any] = {}
+        with progress.phase(f"load {len(wanted)} tensors (MiB)", _mib(total)) as phase:
+            done = 0
+            for key, meta in wanted.items():
+                with warnings.catch_warnings():  # torch's DCP deprecation notice in megatron
+                    warnings.simplefilter("ignore", FutureWarning)
+                    part = dist_checkpointing.load(
+                        {key: meta}, str(ckpt_dir), validate_access_integrity=False
+                    )
+                loaded[key] = part[key]
+                done += _nbytes(meta)
+                phase.update(_mib(done))
+    return {m.group(1): t for k, t in loaded.items() if (m := _MODEL_KEY.match(k))}
 
 
 def _layer_tensors(state: dict[str, Any], num_layers: int) -> list[dict[str, Any]]:
@@ -444,9 +473,13 @@ def gpt2_config(model: ModelConfig, dtype: str, eos_id: int | None) -> dict[str,
 
 
 def write_safetensors(
-    state: dict[str, Any], out: Path, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    state: dict[str, Any],
+    out: Path,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: Progress = NO_PROGRESS,
 ) -> list[str]:
-    """Shards `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json`."""
+    """Shards `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json`; the
+    phase advances per shard, in MiB."""
     from safetensors.torch import save_file
 
     shards: list[dict[str, Any]] = [{}]
@@ -461,11 +494,15 @@ def write_safetensors(
         total += nbytes
     names: list[str] = []
     weight_map: dict[str, str] = {}
-    for k, shard in enumerate(shards, start=1):
-        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / fname), metadata={"format": "pt"})
-        names.append(fname)
-        weight_map |= dict.fromkeys(shard, fname)
+    with progress.phase(f"write {len(shards)} shard(s) (MiB)", _mib(total)) as phase:
+        done = 0
+        for k, shard in enumerate(shards, start=1):
+            fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / fname), metadata={"format": "pt"})
+            names.append(fname)
+            weight_map |= dict.fromkeys(shard, fname)
+            done += sum(t.numel() * t.element_size() for t in shard.values())
+            phase.update(_mib(done))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return names
@@ -534,18 +571,16 @@ class ExportResult:
 
 
 def _write_dir(
-    ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int, phase: Phase | None = None
+    ckpt: RunCheckpoint, staging: Path, max_shard_bytes: int, progress: Progress = NO_PROGRESS
 ) -> tuple[int, list[str]]:
-    phase = phase or Phase()  # three steps: load, convert and write
     model = ckpt.model
     arch = check_exportable(model)
     convert, make_config = (
         (megatron_to_hf_llama, llama_config) if arch != GPT2 else (megatron_to_hf_gpt2, gpt2_config)
     )
-    loaded = load_model_tensors(ckpt.path)
-    phase.advance()
-    state = convert(loaded, model)
-    phase.advance()
+    loaded = load_model_tensors(ckpt.path, progress)
+    with progress.phase(f"convert to {arch}"):
+        state = convert(loaded, model)
     max_len = int(model.max_position_embeddings or model.seq_length)
     eos_id = write_tokenizer(ckpt.tokenizer, staging, max_len) if ckpt.tokenizer else None
     embed = "model.embed_tokens.weight" if arch != GPT2 else "transformer.wte.weight"
@@ -553,8 +588,7 @@ def _write_dir(
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": eos_id, "eos_token_id": eos_id, "do_sample": False}
     (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    shards = write_safetensors(state, staging, max_shard_bytes)
-    phase.advance()
+    shards = write_safetensors(state, staging, max_shard_bytes, progress)
     return sum(int(t.numel()) for t in state.values()), shards
 
 
@@ -578,8 +612,7 @@ def export_hf(
 
     staging = staging_dir(out)
     try:
-        with progress.phase(f"export step {ckpt.step}: load, convert, write", 3) as phase:
-            num_params, shards = _write_dir(ckpt, staging, max_shard_bytes, phase)
+        num_params, shards = _write_dir(ckpt, staging, max_shard_bytes, progress)
         publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.errors import UserError
+from llmctl.progress import Phase, Progress
 from llmctl.quant.calibration import open_tokens
 from llmctl.quant.export import export_run
 
@@ -98,7 +101,8 @@ def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
     res = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out), "--step", "10"])
     assert res.exit_code == 0, res.output
     assert (out / "config.json").is_file()
-    again = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out)])
+    wide = {"COLUMNS": "400"}  # CliRunner draws errors in an 80-column box otherwise
+    again = runner.invoke(app, ["export", "hf", str(run["run"]), "--out", str(out)], env=wide)
     assert again.exit_code == 2 and "exists; pass --force" in again.output
     forced = runner.invoke(
         app, ["export", "hf", str(run["run"]), "-o", str(out), "--force", "--json"],
@@ -106,13 +110,15 @@ def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
     )  # fmt: skip
     assert forced.exit_code == 0, forced.output  # llmctl's own export: replaced
     assert json.loads(forced.stdout)["step"] == 20  # stdout: the JSON only
-    for shown in ("validate checkpoint", "load, convert, write", "3/3", "ETA"):
+    for shown in ("validate checkpoint", "tensors (MiB)", "convert to", "write 1 shard", "ETA"):
         assert shown in forced.stderr, forced.stderr
     assert json.loads((out / "llmctl_export.json").read_text())["step"] == 20
     foreign = tmp_path / "someone_elses_model"
     foreign.mkdir()
     (foreign / "config.json").write_text("{}")
-    refused = runner.invoke(app, ["export", "hf", str(run["run"]), "-o", str(foreign), "--force"])
+    refused = runner.invoke(
+        app, ["export", "hf", str(run["run"]), "-o", str(foreign), "--force"], env=wide
+    )
     assert refused.exit_code == 2 and "not written by llmctl" in refused.output
     assert (foreign / "config.json").read_text() == "{}"
 
@@ -187,3 +193,52 @@ def test_gpt_style_run_exports_as_gpt2(tmp_path: Path) -> None:
     assert np.abs(got - ref).max() < 1e-4
     with pytest.raises(UserError, match="exports as GPT2LMHeadModel, which llmctl does not"):
         quantize_source(run_dir, tmp_path / "q")
+
+
+class _Recorder(Progress):
+    """Every phase llmctl announces, with the totals and updates it reports (what the console
+    bar draws)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, tuple[int | None, list[int]]] = {}
+
+    @contextmanager
+    def phase(self, name: str, total: int | None = None) -> Iterator[Phase]:
+        updates: list[int] = []
+        self.phases[name] = (total, updates)
+
+        class _P(Phase):
+            def advance(self, n: int = 1) -> None:
+                updates.append((updates[-1] if updates else 0) + n)
+
+            def update(self, completed: int) -> None:
+                updates.append(completed)
+
+        yield _P()
+
+
+def test_export_progress_is_per_tensor_and_per_shard(run: dict, tmp_path: Path) -> None:
+    """Loading advances once per checkpoint tensor and writing once per shard, in MiB, up to
+    the total (so the ETA follows the bytes); a small shard limit gives several shards."""
+    from megatron.core import dist_checkpointing
+
+    from llmctl.quant.export import MIB, _one_rank_group, export_hf, find_run_checkpoint
+    from llmctl.quant.hfdir import read_tensors
+
+    ckpt = find_run_checkpoint(run["run"], None, None)  # type: ignore[arg-type]
+    with _one_rank_group():
+        keys = [k for k in dist_checkpointing.load_tensors_metadata(str(ckpt.path)) if
+                k.startswith(("embedding", "decoder", "output_layer"))]  # fmt: skip
+    recorder = _Recorder()
+    result = export_hf(ckpt, tmp_path / "hf", max_shard_bytes=MIB // 2, progress=recorder)
+    (load_name, (load_total, loads)), = [(n, p) for n, p in recorder.phases.items() if
+                                         n.startswith("load ")]  # fmt: skip
+    assert load_name == f"load {len(keys)} tensors (MiB)" and len(loads) == len(keys)
+    (write_name, (write_total, writes)), = [(n, p) for n, p in recorder.phases.items() if
+                                            n.startswith("write ")]  # fmt: skip
+    assert len(result.shards) > 2 and len(writes) == len(result.shards)
+    assert write_name == f"write {len(result.shards)} shard(s) (MiB)"
+    size = sum(t.num_bytes for t in read_tensors(tmp_path / "hf").values())
+    assert write_total == -(-size // MIB)
+    for total, updates in ((load_total, loads), (write_total, writes)):
+        assert updates == sorted(updates) and updates[-1] == total
