@@ -152,6 +152,22 @@ def test_bad_utf8_in_a_streamed_text_file_is_reported_as_before(
     assert "invalid UTF-8" in messages[0]
 
 
+def test_long_lines_read_in_one_piece_across_chunks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Lines longer than the `readline` limit (64 bytes here) are read whole at their exact
+    size, in every chunk of a file cut into 500-byte chunks, with true line numbers."""
+    monkeypatch.setattr(readers, "_LONG_LINE", 64)
+    texts = [f"w{i} " * (i * 7 % 97) for i in range(200)]
+    path = tmp_path / "lines.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    chunks, _ = plan_chunks([path], chunk_bytes=500)
+    assert len(chunks) > 10
+    docs = [d for c in chunks for d in iter_documents(c, keep_empty=True, keep_raw=False)]
+    assert [(d.text, d.line) for d in docs] == [(t, i + 1) for i, t in enumerate(texts)]
+    assert all(d.raw is None for d in docs)
+
+
 def _compress(data: bytes, suffix: str) -> bytes:
     import gzip
 
