@@ -63,6 +63,45 @@ def check_same_model(saved: dict[str, Any], model: Any, where: Path) -> None:
             )
 
 
+def check_init_from(cfg: Any, tp: int = 1) -> str | None:
+    """Before any rank starts (and under `--dry-run`): the source exists and holds this run's
+    model, compared field by field as the ranks compare it after loading.
+
+    A checkpoint source is read from its `train_state.json`; an `hf:DIR` source from what its
+    import would record (config.json and safetensors headers through `plan_import`, with the
+    vocabulary padded for this run's TP as the ranks' import pads it). Nothing is written.
+
+    Returns:
+        The checkpoint directory or Hugging Face directory checked; None without `init_from`.
+
+    Raises:
+        UserError: A source that is missing or unreadable, or the first model field that
+            differs (`model.<field>`, the source's value and this run's).
+    """
+    spec = cfg.checkpoint.init_from
+    if not spec:
+        return None
+    from llmctl.train import ckpt_store as store
+    from llmctl.train.ckpt_load import _ARCH_FIELDS
+
+    if spec.startswith(HF_PREFIX):
+        from llmctl.hf.importer import plan_import
+
+        src = Path(spec[len(HF_PREFIX) :]).expanduser()
+        plan = plan_import(src, tp=tp)
+        check_same_model({"model": {k: plan.model.get(k) for k in _ARCH_FIELDS}}, cfg.model, src)
+        return str(src)
+    ckpt = checkpoint_dir(Path(spec).expanduser())
+    try:
+        saved = json.loads((ckpt / store.TRAIN_STATE).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"checkpoint.init_from={ckpt}: cannot read {store.TRAIN_STATE} ({e})"
+        ) from e
+    check_same_model(saved, cfg.model, ckpt)
+    return str(ckpt)
+
+
 def _import_hf(src: Path, out: Path, tp: int) -> str:
     """Import in a fresh process (its own one-rank group); returns the output path."""
     from llmctl.hf.importer import import_hf, plan_import

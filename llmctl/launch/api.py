@@ -114,6 +114,10 @@ def prepare_train(
     )
     check_run_lock(run_dir)  # a live trainer's run directory is not even read
     launch.resume_point = inspect_run_dir(cfg, layout, restart_from_scratch=restart_from_scratch)
+    if launch.resume_point is None or launch.resume_point.step is None:  # step 0: init_from
+        from llmctl.hf.init import check_init_from
+
+        check_init_from(cfg, layout.tp)  # the ranks' model check, before any rank starts
     _render(launch)
     return launch
 

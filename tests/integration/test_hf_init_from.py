@@ -63,3 +63,61 @@ def test_init_from_hf_first_loss_is_transformers_loss_and_falls(tmp_path: Path) 
           f"last 3 {result.losses[-3:]}")  # fmt: skip
     assert result.losses[0] == pytest.approx(expected, abs=1e-4)
     assert sum(result.losses[-3:]) / 3 < result.losses[0] - 0.5, result.losses
+
+
+def _llmctl(argv: list[str], capsys: pytest.CaptureFixture[str], mp: pytest.MonkeyPatch) -> tuple:
+    import sys
+
+    from llmctl.cli.main import main
+
+    capsys.readouterr()
+    mp.setattr(sys, "argv", ["llmctl", *argv])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "launch"])
+def test_init_from_model_mismatch_is_refused_before_any_rank(
+    dry_run: bool,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A source whose model differs from the recipe's (hidden size, vocabulary) is one line,
+    exit code 2, naming the field and both values, before the run directory or any rank
+    exists; the matching recipe passes the same check."""
+    from hf_support import make_model
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    src = make_model("qwen2", tmp_path / "hf")
+    res = CliRunner().invoke(app, ["import", "hf", str(src), "--out", str(tmp_path / "mc")])
+    assert res.exit_code == 0, res.output
+    ckpt = tmp_path / "mc" / "checkpoints" / "iter_0000000"
+    run_dir = tmp_path / "run"
+    base = ["train", f"recipe={tmp_path / 'mc' / 'recipe.yaml'}", f"train.run_dir={run_dir}"]
+    base += ["--dry-run"] if dry_run else []
+    cases = [  # (init_from, override, field, the source's value, this run's)
+        (str(tmp_path / "mc"), "model.hidden_size=128", "hidden_size", 64, 128),
+        (f"hf:{src}", "model.vocab_size=512", "vocab_size", 256, 512),
+    ]
+    for source, override, name, saved, have in cases:
+        argv = [*base, override, f"checkpoint.init_from={source}"]
+        code, stdout, stderr = _llmctl(argv, capsys, monkeypatch)
+        assert code == 2 and stdout == "", stderr
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        named = ckpt if not source.startswith("hf:") else src
+        assert lines == [
+            f"error: checkpoint.init_from={named} holds a model with model.{name}={saved}, "
+            f"this run has {have}; use the recipe.yaml or model.yaml that `llmctl import hf` wrote"
+        ], stderr
+        assert not run_dir.exists()
+    if dry_run:
+        code, _, stderr = _llmctl([*base, f"checkpoint.init_from=hf:{src}"], capsys, monkeypatch)
+        assert code == 0, stderr
