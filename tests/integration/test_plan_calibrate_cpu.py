@@ -1,15 +1,19 @@
 """`llmctl plan --calibrate` on real CPU training runs (megatron-core, gloo; 2 launches).
 
 Calibrate on one finished run (4 layers, 1 rank, MBS 4), write the calibrated cluster file,
-plan a different layout (PP=2 on 2 ranks, MBS 2) with `--cluster-file`, and compare with
-that layout's measured step time. Step times are the 20th percentile of the steady-state
-steps (robust to other processes on the machine).
+plan a different layout (PP=2 on 2 ranks, MBS 2, no VPP) with `--cluster-file`, and compare
+with that layout's measured step time.
+
+Measured step times are load-corrected (metrics.jsonl `cpu_share`: each rank's waits for a
+CPU, from Linux schedstat, taken out; the 20th percentile of the steady-state steps), so other
+processes on the machine slow the wall clock but not the figure compared; calibration absorbs
+a uniformly faster or slower host.
 
 What is asserted: the calibration reproduces the run it was fitted on within 10 %, the file is
-written and used by later plans, and the other layout is predicted within a factor of 2. The
-issue's target (15 % on the other layout) is NOT asserted: on the shared 2-core test host,
-with 7 other jobs, repeated runs of one layout differ by up to 2x (docs/planner.md lists the
-measured errors), so no model can meet 15 % there reliably.
+written and used by later plans, and the other layout is predicted within 30 %. The issue's
+target is 15 %; on the shared 2-core test host (load average ~20) the PP=2 prediction was off
+by up to 20 % and repeated PP=2 runs differ by up to 25 % (docs/planner.md, Calibration), so
+30 % is what holds there.
 """
 
 from __future__ import annotations
@@ -66,10 +70,10 @@ def test_calibrated_plan_predicts_another_layout(tmp_path: Path) -> None:
     assert out.read_text().startswith("# Written by `llmctl plan --calibrate`")
     fitted = json.loads(res.stdout)["ranked"][0]["step_s"]
     assert fitted == pytest.approx(load_measured_run(one).step_s, rel=0.10)
-    layout = ["--pp", "2", "--mbs", "2", "--gpus-per-node", "2"]
+    layout = ["--pp", "2", "--vpp", "1", "--mbs", "2", "--gpus-per-node", "2"]
     later = runner.invoke(app, [*args, "--cluster-file", str(out), *layout])
     assert later.exit_code == 0, later.output
     predicted = json.loads(later.stdout)["ranked"][0]["step_s"]
     measured = load_measured_run(two).step_s
     print(f"PP2/MBS2 predicted {predicted:.4f} s, measured {measured:.4f} s")
-    assert 0.5 < predicted / measured < 2.0
+    assert predicted == pytest.approx(measured, rel=0.30)
