@@ -5,14 +5,13 @@ real signals: the console script is started as a user starts it."""
 from __future__ import annotations
 
 import os
-import random
 import signal
-import string
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llmctl.data.corpus import stdlib_sources
@@ -24,24 +23,31 @@ pytestmark = pytest.mark.slow
 NUM_FILES = 48
 
 
+def _made_up_words(seed: int, size: int) -> str:
+    """`size` characters of random lowercase words of 3-12 letters, different for each seed."""
+    rng = np.random.default_rng(seed)
+    text = rng.integers(ord("a"), ord("z") + 1, size, dtype=np.uint8)
+    spaces = np.cumsum(rng.integers(4, 14, size // 4))
+    text[spaces[spaces < size]] = ord(" ")
+    return text.tobytes().decode("ascii")
+
+
 def _inputs(root: Path) -> tuple[Path, Path]:
     """A folder of 48 text files of 1.1 MB (one document and one chunk each) of made-up words,
-    and a small tokenizer. Made-up words miss the tokenizer's word cache (repeated source code
-    tokenized at 50 MB/s: three such files finished within 30 ms of each other, before the
-    signal). Here a chunk takes ~50 ms on one core of the 2-core CI host, so two workers need
-    over a second for all 48 and a signal sent within ~10 ms of the first finished chunk finds
-    most of them still to do."""
+    and a small tokenizer.
+
+    Every file has its own words, so a worker's word cache never helps: repeated source code
+    tokenized at 50 MB/s (three such files finished within 30 ms of each other, before the
+    signal), and 48 windows of one shared word list dropped from ~25 ms to ~7 ms of CPU per
+    chunk once a worker had seen the first (measured). Unique words cost ~25 ms of CPU per
+    chunk on the 2-core CI host, so two workers need ~0.6 s for all 48 (still ~0.2 s on a host
+    3x faster), and a signal sent within ~10 ms of the first finished chunk finds most of them
+    still to do."""
     texts = [p.read_text(encoding="utf-8", errors="replace") for _, p in stdlib_sources()[:50]]
-    rng = random.Random(0)
-    words = " ".join(
-        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 12))) for _ in range(250_000)
-    )
-    size = 1_100_000
     folder = root / "docs"
     folder.mkdir()
     for i in range(NUM_FILES):
-        start = (i * 37_117) % (len(words) - size)
-        (folder / f"doc_{i:02d}.txt").write_text(words[start : start + size])
+        (folder / f"doc_{i:02d}.txt").write_text(_made_up_words(i, 1_100_000))
     tok = train_bpe(texts, root / "tok", vocab_size=512)
     return folder, tok
 
