@@ -1,7 +1,13 @@
-"""Speed stays: CPU time (not wall: the test machine is shared) of the 405B/1024-GPU search."""
+"""Speed stays: CPU time (not wall: the test machine is shared) of the 405B/1024-GPU search.
+
+The bounds (1 s, 2 s) hold on the 2-core reference host, whose `_host_unit()` is ~0.04 s; a
+slower CPU (another family, a lower clock, SMT siblings busy) scales them by its own unit,
+measured in the same process: the search is ~20 units here (19.2-20.3 measured), the bound 25.
+"""
 
 from __future__ import annotations
 
+import math
 import resource
 import subprocess
 import sys
@@ -31,6 +37,27 @@ def _clear_caches() -> None:
         fn.cache_clear()
 
 
+REFERENCE_UNIT_S = 0.04  # _host_unit() on the 2-core CI reference host
+
+
+def _host_unit() -> float:
+    """CPU seconds of a fixed pure-Python loop (dict updates, float math: what the search
+    does), best of 3: the host's speed, measured beside the search."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.process_time()
+        acc: dict[int, float] = {}
+        for i in range(400_000):
+            acc[i % 997] = acc.get(i % 997, 0.0) + math.sqrt(i) * 1.0001
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def _scale() -> float:
+    """1 on hosts at least as fast as the reference, else how much slower this one is."""
+    return max(1.0, _host_unit() / REFERENCE_UNIT_S)
+
+
 def test_405b_on_1024_gpus_searches_in_under_1s_cpu() -> None:
     inp = plan_input(compose(RECIPE, []))
     best = float("inf")
@@ -40,7 +67,7 @@ def test_405b_on_1024_gpus_searches_in_under_1s_cpu() -> None:
         res = plan(inp)
         best = min(best, time.process_time() - t)
     assert res.num_candidates > 10_000
-    assert best < 1.0
+    assert best < 1.0 * _scale(), f"{best:.3f} s CPU, host unit {_host_unit():.3f} s"
 
 
 def test_plan_json_process_under_2s_cpu() -> None:
@@ -55,4 +82,4 @@ def test_plan_json_process_under_2s_cpu() -> None:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert proc.returncode == 0, proc.stderr[-2000:]
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu < 2.0
+    assert cpu < 2.0 * _scale(), f"{cpu:.3f} s CPU"
