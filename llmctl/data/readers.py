@@ -409,7 +409,7 @@ def _decompressor(fmt: str) -> Any:
     return zstandard.ZstdDecompressor().decompressobj()
 
 
-def decompressed_blocks(path: str | Path, block_bytes: int = 1 << 20) -> Iterator[bytes]:
+def decompressed_blocks(path: str | Path, block_bytes: int = 1 << 16) -> Iterator[bytes]:
     """The decompressed bytes of a `.gz` or `.zst` file (several members or frames allowed).
 
     Raises:
@@ -432,7 +432,7 @@ def decompressed_blocks(path: str | Path, block_bytes: int = 1 << 20) -> Iterato
         raise TruncatedError(fmt, offset)
 
 
-def compressed_lines(path: str | Path, block_bytes: int = 1 << 20) -> Iterator[bytes]:
+def compressed_lines(path: str | Path, block_bytes: int = 1 << 16) -> Iterator[bytes]:
     """Lines (with their newline) of a compressed file; a partial line before a truncation is
     dropped and `TruncatedError` raised.
 
