@@ -520,8 +520,9 @@ def _text_stream(raw: bytes, text_field: str) -> TextStream | None:
     `text_field`, so the located string is the one the parser would return.
     """
     key = json.dumps(text_field).encode()
-    at = raw.find(key)
-    m = _KEY_END.match(raw, at + len(key)) if at >= 0 else None
+    at, m = raw.find(key), None
+    while at >= 0 and (m := _KEY_END.match(raw, at + len(key))) is None:
+        at = raw.find(key, at + 1)  # that was a value, say {"kind": "text", "text": ...}
     if m is None:
         return None
     start = end = m.end()

@@ -51,6 +51,8 @@ def _write_inputs(tmp_path: Path, texts: list[str]) -> list[Path]:
     for i, t in enumerate(texts):
         if i == 3:  # a decoy "text" key before the real one: the streaming path must decline
             rec = {"meta": {"text": "decoy"}, "text": t, "id": i}
+        elif i == 7:  # "text" as a value first: the key after it is found
+            rec = {"kind": "text", "note": '"text": "no"', "text": t}
         else:
             rec = {"id": i, "text": t, "tail": [1, {"x": "y"}]}
         lines.append(json.dumps(rec, ensure_ascii=i % 2 == 0))
