@@ -117,6 +117,11 @@ class ModelConfig:
     hf_architecture: str | None = doc(
         None, "Hugging Face class it was imported from; export writes it back."
     )
+    hf_sliding_window: int | None = doc(
+        None,
+        "Sliding attention window of the imported model (Mistral); seq_length must stay "
+        "within it (llmctl trains full causal attention); export writes it back.",
+    )
 
 
 @dataclass(kw_only=True)
@@ -314,8 +319,9 @@ class PlanConfig:
     allow_uneven_pp: bool = doc(False, "Allow PP sizes that do not divide the layer count.")
     balance_loss: bool = doc(
         False,
-        "Assume Megatron's pipeline_model_parallel_layout moves layers off the loss stage "
-        "(Megatron-Bridge perf recipes do; llmctl train does not yet).",
+        "Move the output layer's time in layers off the loss stage (Megatron's "
+        "pipeline_model_parallel_layout, as Megatron-Bridge perf recipes do); the planner "
+        "times it and llmctl train builds it (PP > 1 without VPP).",
     )
     published_layout: dict[str, Any] = doc(
         factory=dict,

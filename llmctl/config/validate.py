@@ -58,6 +58,13 @@ def _validate_model(cfg: RootConfig) -> None:
             f"model.num_attention_heads {m.num_attention_heads} not divisible by "
             f"model.num_query_groups {m.num_query_groups}"
         )
+    if m.hf_sliding_window and m.seq_length > m.hf_sliding_window:
+        raise UserError(
+            f"model.seq_length={m.seq_length} exceeds model.hf_sliding_window="
+            f"{m.hf_sliding_window}: llmctl trains full causal attention, which equals the "
+            f"imported model's sliding-window attention only within the window; use "
+            f"model.seq_length<={m.hf_sliding_window}"
+        )
     if m.num_experts and m.moe_router_topk > m.num_experts:
         raise UserError(f"model.moe_router_topk {m.moe_router_topk} > num_experts {m.num_experts}")
     if m.family == ModelFamily.gpt and m.position_embedding == PositionEmbedding.rope:

@@ -129,13 +129,23 @@ def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
     return padded
 
 
-def _seq_length(config: Any) -> int:
-    """Training sequence length: the context, capped; never past a sliding window (Mistral)."""
-    seq = min(int(config.max_position_embeddings), DEFAULT_SEQ_LENGTH)
+def sliding_window(config: Any) -> int | None:
+    """The attention window a Hugging Face config applies (Mistral, Mixtral), or None.
+
+    Qwen2's window only applies with `use_sliding_window: true`, which import refuses.
+    """
     window = getattr(config, "sliding_window", None)
     if window and getattr(config, "use_sliding_window", True):
-        seq = min(seq, int(window))
-    return seq
+        return int(window)
+    return None
+
+
+def _seq_length(config: Any) -> int:
+    """Training sequence length: the context, capped; never past a sliding window (Mistral),
+    within which full causal attention (what megatron-core trains here) is the same."""
+    seq = min(int(config.max_position_embeddings), DEFAULT_SEQ_LENGTH)
+    window = sliding_window(config)
+    return min(seq, window) if window else seq
 
 
 def model_fields(
@@ -188,6 +198,7 @@ def model_fields(
         "init_method_std": float(getattr(config, "initializer_range", 0.02)),
         "norm_epsilon": float(config.rms_norm_eps),
         "hf_architecture": family.architecture,
+        "hf_sliding_window": sliding_window(config),
     }
 
 
@@ -250,8 +261,8 @@ def hf_config_dict(model: Any, eos_id: int | None, dtype: str) -> dict[str, Any]
             "attention_bias": bool(model.add_bias_linear),
             "mlp_bias": bool(model.add_bias_linear),
         }
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
-        kwargs["sliding_window"] = None
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):  # the imported window, or none
+        kwargs["sliding_window"] = getattr(model, "hf_sliding_window", None)
     cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
     data: dict[str, Any] = cls(architectures=[arch], **kwargs).to_dict()
     for noise in ("id2label", "label2id", "return_dict", "output_hidden_states",

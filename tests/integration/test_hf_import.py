@@ -301,3 +301,40 @@ def test_resume_of_an_import_is_refused_in_one_line(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     assert "holds weights only" in " ".join(res.output.replace("│", " ").split())
     assert not (tmp_path / "mc" / "metrics.jsonl").exists()
+
+
+def test_mistral_sliding_window_caps_training_and_round_trips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Megatron-core trains full causal attention here. Within Mistral's window that is the same
+    model (logits equal transformers' with the window applied), past it not (they differ): so
+    import caps seq_length at the window, a longer seq_length is refused before launch in one
+    line, and export writes the window back."""
+    import torch
+
+    src = make_model("mistral", tmp_path / "hf")
+    _edit_config(src, sliding_window=16)
+    out = tmp_path / "mc"
+    _import(src, out)
+    model_yaml = (out / "model.yaml").read_text()
+    assert "seq_length: 16" in model_yaml and "hf_sliding_window: 16" in model_yaml
+    ids = torch.randint(3, 200, (1, 48), generator=torch.Generator().manual_seed(0))
+    within = (hf_logits(src, ids[:, :16]) - megatron_logits(out, ids[:, :16])).abs().max()
+    past = (hf_logits(src, ids) - megatron_logits(out, ids))[:, 16:].abs().max()
+    with capsys.disabled():
+        print(f"measured: max |logit diff| within the window {within:.2e}, past it {past:.2e}")
+    assert within < 1e-4 and past > 1e-2
+    from llmctl.cli.main import main
+
+    capsys.readouterr()
+    argv = ["llmctl", "train", f"recipe={out / 'recipe.yaml'}", "model.seq_length=32",
+            f"train.run_dir={tmp_path / 'run'}", "--dry-run"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "model.seq_length=32 exceeds model.hf_sliding_window=16" in err[0]
+    res = CliRunner().invoke(app, ["export", "hf", str(out), "--out", str(tmp_path / "back")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["sliding_window"] == 16
