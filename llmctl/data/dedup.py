@@ -2,15 +2,17 @@
 
 Three steps, each a function the SLURM path also runs as its own job:
 
-1. `signature_shard` (per chunk, in parallel): read the chunk's documents, hash each
-   normalised text (xxh3-128) for exact dedup, compute MinHash signatures and LSH band keys,
-   save them as one `.npz` per chunk. Memory: one chunk.
+1. `signature_shard` (per chunk, in parallel): read the chunk's documents (the only time
+   they are parsed), hash each normalised text (xxh3-128) for exact dedup, compute MinHash
+   signatures and LSH band keys, save them as one `.npz` per chunk, and with exact
+   verification the shingle hashes as `.shingles.npy`. Memory: one chunk.
 2. `cluster` (once): exact duplicates and LSH buckets give candidate edges; candidates are
-   verified (`none`, `signature`: estimated Jaccard, `exact`: true Jaccard of shingle sets
-   recomputed in a second read of only the documents involved) and joined into connected
-   components; the smallest document id of each component is kept.
+   verified (`none`, `signature`: estimated Jaccard, `exact`: true Jaccard of the shingle
+   sets step 1 kept, memory-mapped) and joined into connected components; the smallest
+   document id of each component is kept.
 3. `write_kept` (unless `--dry-run`): copy the kept records, in the input's format, to the
-   output folder under a temporary name, then rename it into place with the report.
+   output folder under a temporary name (JSONL lines by line number, unparsed), then rename
+   it into place with the report.
 
 Defaults (see docs/data.md for the comparison): word 5-grams as in datatrove and text-dedup;
 threshold 0.8 as in NeMo Curator; 20 bands x 6 rows = 120 permutations, which puts the LSH
