@@ -38,6 +38,8 @@ from llmctl.plan import (
     plan,
 )
 from llmctl.plan.calibrate import MeasuredRun, calibrate_time
+from llmctl.plan.layout import StageSplit
+from llmctl.plan.perf import loss_layers_moved
 
 
 def model_spec(cfg: RootConfig) -> ModelSpec:
@@ -176,6 +178,55 @@ def plan_input(cfg: RootConfig) -> PlanInput:
         constraints=constraints,
         search=search,
     )
+
+
+def loss_balanced_stage_layers(cfg: RootConfig, layout: Any) -> list[int] | None:
+    """Transformer layers per pipeline stage under `plan.balance_loss` (None: off or PP=1).
+
+    Why: the planner's loss-balanced step time (`perf.loss_layers_moved`) moves k layers, the
+    output layer and loss's time in layers, from the last stage to the others, one each from
+    the first stage on; `llmctl train` builds exactly this split, so the run is the layout
+    the plan timed.
+
+    Args:
+        cfg: The resolved config.
+        layout: The run's `TrainLayout`.
+
+    Raises:
+        UserError: VPP > 1, or a layer count the pipeline size does not divide.
+    """
+    pp = layout.pp
+    if not cfg.plan.balance_loss or pp == 1:
+        return None
+    if layout.vpp and layout.vpp > 1:
+        raise UserError(
+            f"plan.balance_loss=true with parallel.vpp={layout.vpp}: llmctl train builds the "
+            "loss-balanced split without VPP only; set parallel.vpp=null or plan.balance_loss=false"
+        )
+    n = cfg.model.num_layers
+    if n % pp:
+        raise UserError(
+            f"plan.balance_loss=true needs model.num_layers={n} divisible by parallel.pp={pp}"
+        )
+    inp = plan_input(cfg)
+    lay = Layout(
+        tp=layout.tp,
+        pp=pp,
+        cp=layout.cp,
+        ep=layout.ep,
+        dp=layout.dp,
+        micro_batch_size=layout.micro_batch_size,
+        sequence_parallel=layout.sequence_parallel,
+        recompute=Recompute(str(layout.recompute)),
+        loss_balanced=True,
+    )
+    split = StageSplit(first=n // pp, middle=n // pp, last=n // pp, method="even")
+    k = loss_layers_moved(inp.model, inp.cluster, inp.run, lay, split)
+    layers = [n // pp] * pp
+    layers[-1] -= k
+    for i in range(k):
+        layers[i % (pp - 1)] += 1
+    return layers
 
 
 def _perf_json(run_dir: Path) -> dict[str, Any]:

@@ -467,6 +467,22 @@ def _common(
     return slot, bubble, 2.0 * (pp - 1) * one + steady
 
 
+def loss_layers_moved(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
+) -> int:
+    """Layers a loss-balanced layout moves off the last stage (0 unless `loss_balanced`): the
+    output layer and loss's time in layers, at least one layer left. `llmctl train` builds
+    this split (`config.planning.loss_balanced_stage_layers`)."""
+    if not layout.loss_balanced or layout.pp == 1:
+        return 0
+    last = _slot(model, cluster, run, layout, split.last, True)
+    bare = _slot(model, cluster, run, layout, split.last, False)
+    per_layer = (bare.total - bare.overhead) / max(1, split.last)
+    if not per_layer:
+        return 0
+    return max(0, min(split.last - 1, int((last.total - bare.total) / per_layer + 0.5)))
+
+
 def _balanced(
     model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
 ) -> Slot:
@@ -483,9 +499,7 @@ def _balanced(
     last = _slot(model, cluster, run, layout, split.last, True)
     bare = _slot(model, cluster, run, layout, split.last, False)
     per_layer = (bare.total - bare.overhead) / max(1, split.last)
-    k = 0
-    if layout.loss_balanced and per_layer:
-        k = max(0, min(split.last - 1, int((last.total - bare.total) / per_layer + 0.5)))
+    k = loss_layers_moved(model, cluster, run, layout, split)
     extra = -(-k // (pp - 1)) * per_layer
     worst = max(last.total - k * per_layer, mid.total + extra, first.total + extra)
     base = mid if mid.total >= first.total else first

@@ -145,6 +145,7 @@ class Trainer:
         import torch
         from megatron.core import parallel_state as ps
 
+        from llmctl.config.planning import loss_balanced_stage_layers
         from llmctl.train import data as data_mod
         from llmctl.train import model as model_mod
         from llmctl.train import optim
@@ -164,6 +165,7 @@ class Trainer:
             on_gpu=self.on_gpu,
             use_te=use_te,
             per_token_loss=bool(getattr(data_spec, "sft", False)),
+            stage_layers=loss_balanced_stage_layers(cfg, layout),
         )
         chunks = model_mod.build_model_chunks(
             cfg.model, self.config, layout, use_te=use_te, seed=cfg.train.seed

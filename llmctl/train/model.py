@@ -72,6 +72,7 @@ def transformer_config(
     on_gpu: bool,
     use_te: bool = False,
     per_token_loss: bool = False,
+    stage_layers: list[int] | None = None,
 ) -> Any:
     """megatron `TransformerConfig` for the model, layout and precision.
 
@@ -83,6 +84,10 @@ def transformer_config(
         on_gpu: Whether CUDA (and the fused paths) are in use.
         use_te: Whether the Transformer Engine layer spec is used (enables TE-only fusions).
         per_token_loss: megatron's `calculate_per_token_loss` (SFT; llmctl.train.token_loss).
+        stage_layers: Transformer layers per pipeline stage when they are not even
+            (`plan.balance_loss`: `config.planning.loss_balanced_stage_layers`); megatron's
+            `pipeline_model_parallel_layout`, the embedding on the first stage, the loss on the
+            last.
     """
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -120,10 +125,20 @@ def transformer_config(
         deallocate_pipeline_outputs=True,
         variable_seq_lengths=False,
         calculate_per_token_loss=per_token_loss,
+        pipeline_model_parallel_layout=_pipeline_layout(stage_layers),
         **_recompute_kwargs(layout),
         **_device_kwargs(model, on_gpu=on_gpu, use_te=use_te),
         **prec,
     )
+
+
+def _pipeline_layout(stage_layers: list[int] | None) -> list[list[str]] | None:
+    if not stage_layers:
+        return None
+    stages = [["decoder"] * n for n in stage_layers]
+    stages[0].insert(0, "embedding")
+    stages[-1].append("loss")
+    return stages
 
 
 def layer_spec(config: Any, model: Any, *, use_te: bool, seed: int | None = None) -> Any:

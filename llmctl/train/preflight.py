@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llmctl.config.planning import loss_balanced_stage_layers
 from llmctl.train.data import DataSpec, resolve_data
 from llmctl.train.layout import TrainLayout, resolve_layout
 from llmctl.train.precision import PrecisionRecipe, check_precision
@@ -40,4 +41,5 @@ def preflight(
     layout = resolve_layout(cfg, world_size, planned)
     on_gpu = str(cfg.cluster.device) == "cuda"
     recipe = check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
+    loss_balanced_stage_layers(cfg, layout)  # the planner's split must be buildable
     return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))
