@@ -31,6 +31,7 @@ from llmctl.quant.schemes import (
     SUPPORTED_ARCHITECTURES,
     QuantSpec,
     check_group_divisibility,
+    check_moe_scheme,
     fit_group_size,
     quantized_linears,
     theoretical_bits_per_weight,
@@ -222,6 +223,7 @@ def plan_quantization(request: QuantRequest) -> QuantPlan:
         spec, note = fit_group_size(spec, found["linears"])
         notes += [note] if note else []
     check_group_divisibility(spec, found["linears"])
+    check_moe_scheme(spec, found["architecture"])
     request = replace(request, spec=spec)
     split = _split(request, found)
     if split is None:

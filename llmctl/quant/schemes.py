@@ -169,6 +169,26 @@ def is_ignored(name: str, ignore: Iterable[str]) -> bool:
     return False
 
 
+MOE_ARCHITECTURES: tuple[str, ...] = ("MixtralForCausalLM",)
+
+
+def check_moe_scheme(spec: QuantSpec, architecture: str) -> None:
+    """Refuse a scheme whose MoE output transformers cannot read back.
+
+    transformers 5.17 decompresses quantized experts while merging them only from packed
+    (`weight_packed`, W4A16/W8A16) or FP8 weights; W8A8's plain int8 `weight` fails its
+    conversion on load (measured), so the output would be unusable.
+
+    Raises:
+        UserError: W8A8 on a MoE architecture.
+    """
+    if spec.scheme == Scheme.W8A8 and architecture in MOE_ARCHITECTURES:
+        raise UserError(
+            f"W8A8 on {architecture}: transformers cannot load int8 MoE experts back "
+            "(only packed W4A16/W8A16 or FP8); use --scheme w4a16, w8a16 or fp8_dynamic"
+        )
+
+
 GROUP_SIZES = (128, 64, 32, 16)
 
 

@@ -69,3 +69,17 @@ def test_ignore_matching_follows_compressed_tensors() -> None:
     assert is_ignored("lm_head", ["lm_head"])
     assert not is_ignored("model.lm_head_x", ["lm_head"])
     assert is_ignored("model.layers.3.mlp.down_proj", ["re:.*mlp\\.down_proj$"])
+
+
+def test_w8a8_on_moe_is_refused_naming_the_architecture() -> None:
+    """transformers 5.17 cannot load int8 (not packed) Mixtral experts back: refused up front."""
+    from llmctl.quant.schemes import check_moe_scheme
+
+    w8a8 = spec_from_config(QuantConfig(scheme="W8A8", algorithm="gptq"))
+    with pytest.raises(UserError, match="W8A8 on MixtralForCausalLM"):
+        check_moe_scheme(w8a8, "MixtralForCausalLM")
+    check_moe_scheme(w8a8, "MistralForCausalLM")
+    for scheme in ("W4A16", "W8A16", "FP8_DYNAMIC"):
+        check_moe_scheme(
+            spec_from_config(QuantConfig(scheme=scheme, algorithm="rtn")), "MixtralForCausalLM"
+        )
