@@ -134,6 +134,7 @@ def test_full_disk_goes_through_failed_save_policy(
         wait_until(lambda: (store.read_latest(run_dir / "checkpoints") or 0) >= 2, 240, "iter 2")
         _fill(small_fs)
         rc = proc.wait(timeout=240)
+        assert_no_process_left(mark, 10)  # before the cleanup below kills what is left
     finally:
         kill_marked(mark)
     out = log.read_text()
@@ -148,7 +149,6 @@ def test_full_disk_goes_through_failed_save_policy(
     assert kept and all(v.ok for v in kept), kept  # what was committed before the fault stays
     assert f"newest complete checkpoint is step {kept[0].step}" in last, last
     assert launch_record(run_dir)["exit_code"] == 3  # written into the room it reserved
-    assert_no_process_left(mark, 10)
     names = os.listdir(run_dir / "checkpoints")
     assert not [n for n in names if n.startswith(store.TMP_PREFIX)], names
     assert kept[0].step < (iters if case == "final_save" else 400)
