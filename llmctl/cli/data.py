@@ -9,6 +9,7 @@ replace earlier outputs, and then only llmctl's own.
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated, Any
 
 import typer
@@ -166,6 +167,9 @@ def dedup_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove exact and near-duplicate documents (MinHash + LSH) from INPUTS."""
+    # dedup does no linear algebra: spare the CPU of numpy's BLAS thread pool (set before
+    # numpy loads; a user's own setting wins)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from llmctl.data.commands import SlurmRequest, run_dedup
     from llmctl.data.dedup import DedupConfig
     from llmctl.data.minhash import ShingleUnit
