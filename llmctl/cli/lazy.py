@@ -23,8 +23,12 @@ import types
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
 
-from typer import _click
 from typer.core import TyperCommand, TyperGroup
+
+try:  # Typer >= 0.2x ships a vendored Click
+    from typer import _click
+except ImportError:  # pragma: no cover - older Typer uses the click package
+    import click as _click  # type: ignore[no-redef]
 
 try:  # typer >= 0.2x coerces through pydantic adapters built here
     from typer._coercion import RuntimeParam, build_runtime_param
