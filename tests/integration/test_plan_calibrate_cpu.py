@@ -11,8 +11,8 @@ a uniformly faster or slower host.
 
 What is asserted: the calibration reproduces the run it was fitted on within 10 %, the file is
 written and used by later plans, and the other layout is predicted within 30 %. The issue's
-target is 15 %; on the shared 2-core test host (load average 14-35) four runs of this test
-were off by -1.5 % to -17.3 %, and the PP=2 run alone measured 59-77 ms load-corrected from
+target is 15 %; on the shared 2-core test host (load average 2-35) seven runs of this test
+were off by -17.3 % to +7.3 %, and the PP=2 run alone measured 59-77 ms load-corrected from
 run to run (docs/planner.md, Calibration), so 30 % is what holds there.
 """
 
