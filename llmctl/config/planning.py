@@ -181,37 +181,36 @@ def plan_input(cfg: RootConfig) -> PlanInput:
 
 
 def loss_balanced_stage_layers(cfg: RootConfig, layout: Any) -> list[int] | None:
-    """Transformer layers per pipeline stage under `plan.balance_loss` (None: off or PP=1).
+    """Transformer layers per virtual pipeline stage under `plan.balance_loss`, in model order
+    (megatron's `pipeline_model_parallel_layout`: entry `v * pp + r` is rank r's chunk v);
+    None when off or PP=1.
 
     Why: the planner's loss-balanced step time (`perf.loss_layers_moved`) moves k layers, the
-    output layer and loss's time in layers, from the last stage to the others, one each from
-    the first stage on; `llmctl train` builds exactly this split, so the run is the layout
-    the plan timed.
+    output layer and loss's time in layers, off the last pipeline rank to the others, one each
+    from the first rank on; `llmctl train` builds exactly these per-rank totals, so the run is
+    the layout the plan timed. With VPP the k layers leave the last rank's chunks from its last
+    one (the loss's) backwards, keeping a layer in each, and land on the other ranks' chunks in
+    turn (Megatron-Bridge's Llama-3 70B layout: the last virtual stage holds one layer).
 
     Args:
         cfg: The resolved config.
         layout: The run's `TrainLayout`.
 
     Raises:
-        UserError: VPP > 1, or a layer count the pipeline size does not divide.
+        UserError: a layer count that PP x VPP does not divide.
     """
-    pp = layout.pp
+    pp, vpp = layout.pp, max(1, layout.vpp or 1)
     if not cfg.plan.balance_loss or pp == 1:
         return None
-    if layout.vpp and layout.vpp > 1:
-        raise UserError(
-            f"plan.balance_loss=true with parallel.vpp={layout.vpp}: llmctl train builds the "
-            "loss-balanced split without VPP only; set parallel.vpp=null or plan.balance_loss=false"
-        )
-    n = cfg.model.num_layers
-    if n % pp:
-        raise UserError(
-            f"plan.balance_loss=true needs model.num_layers={n} divisible by parallel.pp={pp}"
-        )
+    n, stages = cfg.model.num_layers, pp * vpp
+    if n % stages:
+        what = f"parallel.pp={pp}" + (f" x parallel.vpp={vpp}" if vpp > 1 else "")
+        raise UserError(f"plan.balance_loss=true needs model.num_layers={n} divisible by {what}")
     inp = plan_input(cfg)
     lay = Layout(
         tp=layout.tp,
         pp=pp,
+        vpp=vpp,
         cp=layout.cp,
         ep=layout.ep,
         dp=layout.dp,
@@ -222,10 +221,18 @@ def loss_balanced_stage_layers(cfg: RootConfig, layout: Any) -> list[int] | None
     )
     split = StageSplit(first=n // pp, middle=n // pp, last=n // pp, method="even")
     k = loss_layers_moved(inp.model, inp.cluster, inp.run, lay, split)
-    layers = [n // pp] * pp
-    layers[-1] -= k
+    return _move_layers(n // stages, pp, vpp, k)
+
+
+def _move_layers(per_chunk: int, pp: int, vpp: int, k: int) -> list[int]:
+    """Chunk sizes (model order) after moving k layers off the last rank, see the caller."""
+    layers = [per_chunk] * (pp * vpp)
+    k = min(k, vpp * (per_chunk - 1))
     for i in range(k):
-        layers[i % (pp - 1)] += 1
+        chunk = vpp - 1 - i // (per_chunk - 1)
+        layers[chunk * pp + pp - 1] -= 1
+        rank, v = i % (pp - 1), (i // (pp - 1)) % vpp
+        layers[v * pp + rank] += 1
     return layers
 
 
