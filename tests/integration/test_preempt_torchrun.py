@@ -80,8 +80,13 @@ def test_sigterm_to_launcher_saves_the_current_step_and_resume_redoes_none(
     assert launch_record(run_dir)["exit_code"] == 143
     saved = store.read_latest(run_dir / "checkpoints")
     last = max(losses(run_dir))
-    # The checkpoint of the step the signal arrived in (the step running, or just finished).
-    assert saved == last and saved in (at_signal, at_signal + 1), (saved, last, at_signal)
+    # The checkpoint of the step the signal arrived in: the last step trained, as the rank
+    # itself reports it. Not `at_signal + 1` at most: the signal crosses three processes
+    # (llmctl, torchrun, the rank), which on a fast or a loaded host can take longer than a
+    # ~20-40 ms step, so the rank may be a step or two further on when it arrives.
+    assert saved == last and saved >= at_signal, (saved, last, at_signal)
+    rank_log = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"preempted by SIGTERM at step {saved}; newest checkpoint is step {saved}" in rank_log
     assert all(v.ok for v in store.list_checkpoints(run_dir / "checkpoints", full=True))
     assert run_status(str(run_dir)).state == "FAILED"  # exit code recorded: not RUNNING
 
