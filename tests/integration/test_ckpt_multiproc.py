@@ -36,6 +36,7 @@ from llmctl.config import load_resolved  # noqa: E402
 from llmctl.train import ckpt_store as store  # noqa: E402
 
 ITERS = 8
+KILL_ITERS = 24  # steps left after the kill at 3: a fast host must still be training
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_tp1_checkpoint_resumes_as_tp2(corpus: Path, tmp_path: Path) -> None:
 def test_torchrun_restarts_group_after_rank_kill_and_resumes(corpus: Path, tmp_path: Path) -> None:
     run = write_run(
         tmp_path / "dp2",
-        [*base_overrides(corpus, ITERS), "parallel.dp=2", "checkpoint.interval=1"],
+        [*base_overrides(corpus, KILL_ITERS), "parallel.dp=2", "checkpoint.interval=1"],
     )
     # Without it, torch 2.13's restarted gloo ranks can read the dead attempt's peer addresses
     # from torchrun's shared store ("connectFullMesh failed ... Connection refused").
@@ -120,5 +121,5 @@ def test_torchrun_restarts_group_after_rank_kill_and_resumes(corpus: Path, tmp_p
     log = (run / "logs" / "rank0.log").read_text()
     resumed = [int(s) for s in re.findall(r"resumed from iter_(\d+)", log)]
     assert len(resumed) == 1 and resumed[0] >= 3  # restarted by torchrun, resumed by itself
-    assert max(losses(run)) == ITERS
+    assert max(losses(run)) == KILL_ITERS
     assert all(v.ok for v in store.list_checkpoints(run / "checkpoints", full=True))

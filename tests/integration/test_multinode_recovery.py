@@ -38,7 +38,7 @@ from llmctl.train import ckpt_store as store
 pytestmark = [pytest.mark.netns, pytest.mark.multiproc, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 NETNS_PREFIX = os.environ.get("LLMCTL_NETNS_PREFIX", "llmctl-")
-ITERS = 12
+ITERS = 30  # steps left after the kill at 4: a fast host must still be training
 KILL_AFTER_CKPT = 4  # kill h1 once this step's checkpoint is committed
 RDZV_PORT = 29517  # not the default: test_multinode_train may run at the same time
 

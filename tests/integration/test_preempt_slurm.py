@@ -30,7 +30,7 @@ from llmctl.cli.main import app
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm_local.sh"
-ITERS = 40
+ITERS = 100  # steps left after each notice: a fast host must not finish before the next one
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "")
 
 
