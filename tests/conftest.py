@@ -1,8 +1,11 @@
-"""Shared test plumbing: GPU tests skip themselves without CUDA."""
+"""Shared test plumbing: GPU tests skip themselves without CUDA; `run_main` runs the console
+script in-process."""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -26,3 +29,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture
+def run_main(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[[list[str]], tuple[int, str, str]]:
+    """Run `llmctl ARGV` through the console entry point (`llmctl.cli.main:main`) in this
+    process, as a user's shell would; returns (exit code, stdout, stderr)."""
+    from llmctl.cli.main import main
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["llmctl", *argv])
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run

@@ -11,6 +11,7 @@ loss falls (mean of the last 3 steps at least 0.5 below step 1; measured ~2 nats
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,28 +66,11 @@ def test_init_from_hf_first_loss_is_transformers_loss_and_falls(tmp_path: Path) 
     assert sum(result.losses[-3:]) / 3 < result.losses[0] - 0.5, result.losses
 
 
-def _llmctl(argv: list[str], capsys: pytest.CaptureFixture[str], mp: pytest.MonkeyPatch) -> tuple:
-    import sys
-
-    from llmctl.cli.main import main
-
-    capsys.readouterr()
-    mp.setattr(sys, "argv", ["llmctl", *argv])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "launch"])
 def test_init_from_model_mismatch_is_refused_before_any_rank(
     dry_run: bool,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    run_main: Callable[[list[str]], tuple[int, str, str]],
 ) -> None:
     """A source whose model differs from the recipe's (hidden size, vocabulary) is one line,
     exit code 2, naming the field and both values, before the run directory or any rank
@@ -109,7 +93,7 @@ def test_init_from_model_mismatch_is_refused_before_any_rank(
     ]
     for source, override, name, saved, have in cases:
         argv = [*base, override, f"checkpoint.init_from={source}"]
-        code, stdout, stderr = _llmctl(argv, capsys, monkeypatch)
+        code, stdout, stderr = run_main(argv)
         assert code == 2 and stdout == "", stderr
         lines = [ln for ln in stderr.splitlines() if ln.strip()]
         named = ckpt if not source.startswith("hf:") else src
@@ -119,5 +103,5 @@ def test_init_from_model_mismatch_is_refused_before_any_rank(
         ], stderr
         assert not run_dir.exists()
     if dry_run:
-        code, _, stderr = _llmctl([*base, f"checkpoint.init_from=hf:{src}"], capsys, monkeypatch)
+        code, _, stderr = run_main([*base, f"checkpoint.init_from=hf:{src}"])
         assert code == 0, stderr

@@ -9,7 +9,7 @@ on stdout, and the user's file byte for byte as it was, with no staging folder l
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,27 +46,12 @@ def _commands(i: dict[str, Path], out: Path) -> dict[str, tuple[list[str], Path]
     }
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str], mp: pytest.MonkeyPatch) -> tuple:
-    from llmctl.cli.main import main
-
-    capsys.readouterr()
-    mp.setattr(sys, "argv", ["llmctl", *argv])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.parametrize("command", ["preprocess", "dedup", "sft", "import", "export", "quantize"])
 def test_existing_output_is_one_shared_line(
     command: str,
     inputs: dict[str, Path],
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    run_main: Callable[[list[str]], tuple[int, str, str]],
 ) -> None:
     out = tmp_path / "out"
     argv, named = _commands(inputs, out)[command]
@@ -74,7 +59,7 @@ def test_existing_output_is_one_shared_line(
     user_file.parent.mkdir(parents=True, exist_ok=True)
     user_file.write_bytes(USER_BYTES)
     before = sorted(p.name for p in tmp_path.iterdir())
-    code, stdout, stderr = _run(argv, capsys, monkeypatch)
+    code, stdout, stderr = run_main(argv)
     assert code == 2, stderr
     assert stdout == ""
     assert [ln for ln in stderr.splitlines() if ln.strip()] == [LINE.format(named)]

@@ -30,20 +30,11 @@ class Result:
 
 
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+def cli(run_main):
     """Run `llmctl data ARGS` through the console entry point (`llmctl.cli.main:main`)."""
-    from llmctl.cli.main import main
 
     def run(args: list[str]) -> Result:
-        capsys.readouterr()
-        monkeypatch.setattr(sys, "argv", ["llmctl", "data", *args])
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = int(e.code or 0)
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
+        return Result(*run_main(["data", *args]))
 
     return run
 
