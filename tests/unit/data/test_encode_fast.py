@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import memory_probe
 import numpy as np
 import pytest
 
@@ -123,32 +122,6 @@ def test_encode_is_5x_the_tokenizers_per_document_path(
     assert baseline / ours >= 5.0, f"{baseline:.3f} s vs {ours:.3f} s"
 
 
-_MEMORY_SCRIPT = """
-import json, sys
-from pathlib import Path
-from llmctl.data.preprocess import PreprocessConfig, preprocess
-
-work, tok = Path(sys.argv[1]), sys.argv[2]
-
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
-def run(name):
-    cfg = PreprocessConfig(inputs=[str(work / f"{name}.jsonl")], tokenizer=tok,
-                           output_prefix=str(work / f"out_{name}"), num_workers=1)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS
-    base = status("VmRSS")
-    preprocess(cfg)
-    return status("VmHWM") - base
-
-run("warm")
-print(json.dumps({"small": run("small"), "big": run("big")}))
-"""
-
-
 @pytest.mark.slow
 def test_worker_memory_grows_by_a_few_bytes_per_document_byte(
     hf_tokenizer: Path, corpus_texts: list[str], tmp_path: Path
@@ -165,11 +138,8 @@ def test_worker_memory_grows_by_a_few_bytes_per_document_byte(
         path = tmp_path / f"{name}.jsonl"
         path.write_text(json.dumps({"text": doc}) + "\n")
         nbytes[name] = path.stat().st_size
-    out = subprocess.run(
-        [sys.executable, "-c", _MEMORY_SCRIPT, str(tmp_path), str(hf_tokenizer)],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
-    peaks = json.loads(out.stdout.strip().splitlines()[-1])
+    names = [f"{name}.jsonl" for name in sizes]
+    peaks = {n[:-6]: v for n, v in memory_probe.peaks(tmp_path, hf_tokenizer, names).items()}
     slope = (peaks["big"] - peaks["small"]) / (nbytes["big"] - nbytes["small"])
     assert slope <= 5.0, f"{slope:.1f} bytes of RSS per document byte ({peaks})"
     assert peaks["small"] <= 96 << 20, peaks

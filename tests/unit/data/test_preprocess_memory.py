@@ -6,10 +6,9 @@ document byte."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import memory_probe
 import numpy as np
 import pytest
 
@@ -216,31 +215,6 @@ def test_compressed_inputs_preprocess_like_plain_ones(
     assert outputs[0] == outputs[1] == outputs[2]
 
 
-_MEMORY_SCRIPT = """
-import json, sys
-from pathlib import Path
-from llmctl.data.preprocess import PreprocessConfig, preprocess
-
-work, tok = Path(sys.argv[1]), sys.argv[2]
-
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
-def run(name):
-    cfg = PreprocessConfig(inputs=[str(work / name)], tokenizer=tok,
-                           output_prefix=str(work / f"out_{name}"), num_workers=1)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS
-    base = status("VmRSS")
-    preprocess(cfg)
-    return status("VmHWM") - base
-
-run("warm.jsonl")
-print(json.dumps({"big": run("big.jsonl")}))
-"""
-
 BOUND_CONSTANT = 16 << 20
 BOUND_PER_BYTE = 2.0
 
@@ -266,11 +240,7 @@ def test_worker_peak_is_a_constant_plus_a_small_multiple_of_the_document(
     warm = line[: 2 << 20]  # the same kind of text, streamed: first-use costs go in the base
     (tmp_path / "warm.jsonl").write_bytes(warm[: warm.rfind(b"\xf0")] + b'"}\n')
     nbytes = (tmp_path / "big.jsonl").stat().st_size
-    out = subprocess.run(
-        [sys.executable, "-c", _MEMORY_SCRIPT, str(tmp_path), str(hf_tokenizer)],
-        capture_output=True, text=True, check=True, timeout=600,
-    )  # fmt: skip
-    extra = json.loads(out.stdout.strip().splitlines()[-1])["big"]
+    extra = memory_probe.peaks(tmp_path, hf_tokenizer, ["warm.jsonl", "big.jsonl"])["big.jsonl"]
     bound = BOUND_CONSTANT + BOUND_PER_BYTE * nbytes
     assert extra <= bound, (
         f"peak RSS rose by {extra / 2**20:.1f} MiB for a {nbytes / 2**20:.1f} MiB document "
