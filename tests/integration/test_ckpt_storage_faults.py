@@ -109,11 +109,12 @@ def _fill(mnt: Path) -> None:
                     break
 
 
-# (iters, interval, max_failed_saves, the line the user gets): the policy stop mid-run, and a
-# run whose final save fails (it must not end "finished" with its last steps in no checkpoint).
+# (iters, max_failed_saves, the line the user gets; a save every 2 steps): the policy stop
+# mid-run, and a run whose final save fails (it must not end "finished" with its last steps in
+# no checkpoint).
 CASES = {
-    "policy_stop": (400, 2, 2, "stopping: 2 consecutive checkpoint saves failed"),
-    "final_save": (12, 2, 9, "the final checkpoint (step 12) failed"),
+    "policy_stop": (400, 2, "stopping: 2 consecutive checkpoint saves failed"),
+    "final_save": (12, 9, "the final checkpoint (step 12) failed"),
 }
 
 
@@ -121,32 +122,15 @@ CASES = {
 def test_full_disk_goes_through_failed_save_policy(
     case: str, small_fs: Path, tmp_path: Path
 ) -> None:
-    iters, interval, max_failed, line = CASES[case]
+    iters, max_failed, line = CASES[case]
     corpus = make_corpus(tmp_path / "data" / "corpus")  # off the small filesystem
     run_dir = small_fs / "run"
-    mark, log = new_mark(), tmp_path / "cli.log"
-    args = ["train", "recipe=tiny_cpu", "launcher=local", f"train.run_dir={run_dir}",
-            *base_overrides(corpus, iters), f"checkpoint.interval={interval}",
-            "checkpoint.keep_last=10", "checkpoint.save_retries=0",
-            f"checkpoint.max_failed_saves={max_failed}"]  # fmt: skip
-    proc = start_cli(args, mark, log)
-    try:
-        wait_until(lambda: (store.read_latest(run_dir / "checkpoints") or 0) >= 2, 240, "iter 2")
-        _fill(small_fs)
-        rc = proc.wait(timeout=240)
-        assert_no_process_left(mark, 10)  # before the cleanup below kills what is left
-    finally:
-        kill_marked(mark)
-    out = log.read_text()
-    assert rc == 3, out[-3000:]
-    # No traceback from the rank or from the launcher's log copy (torchrun's own ChildFailedError
-    # summary still prints; the line after it is ours).
-    assert "[rank0]: Traceback" not in out and "Process ForkProcess" not in out, out[-3000:]
-    assert "llmctl/launch/" not in out, out[-3000:]
-    last = out.strip().splitlines()[-1]
-    assert last.startswith(f"run failed (exit 3): {line}"), last
+    _, out = _train_into_fault(
+        run_dir, corpus, tmp_path / "cli.log", lambda: _fill(small_fs), iters, max_failed, line
+    )
     kept = store.list_checkpoints(run_dir / "checkpoints", full=True)
     assert kept and all(v.ok for v in kept), kept  # what was committed before the fault stays
+    last = out.strip().splitlines()[-1]
     assert f"newest complete checkpoint is step {kept[0].step}" in last, last
     assert launch_record(run_dir)["exit_code"] == 3  # written into the room it reserved
     names = os.listdir(run_dir / "checkpoints")
@@ -154,30 +138,41 @@ def test_full_disk_goes_through_failed_save_policy(
     assert kept[0].step < (iters if case == "final_save" else 400)
 
 
-def _train_into_fault(run_dir: Path, corpus: Path, log: Path, fault) -> tuple[int, str]:
-    """Train until iter 2 is committed, then `fault()`; the run should stop after 2 failed saves.
+def _train_into_fault(
+    run_dir: Path,
+    corpus: Path,
+    log: Path,
+    fault,
+    iters: int = 400,
+    max_failed: int = 2,
+    line: str = "stopping: 2 consecutive checkpoint saves failed",
+) -> tuple[int, str]:
+    """Train until iter 2 is committed, then `fault()`; the run should stop with exit code 3
+    and `line` as the last line's cause (after `max_failed` failed saves, or a failed final
+    save), with no traceback from the rank or from the launcher's log copy.
 
     Returns:
         llmctl train's exit code and its output.
     """
     mark = new_mark()
     args = ["train", "recipe=tiny_cpu", "launcher=local", f"train.run_dir={run_dir}",
-            *base_overrides(corpus, 400), "checkpoint.interval=2", "checkpoint.keep_last=10",
-            "checkpoint.save_retries=0", "checkpoint.max_failed_saves=2"]  # fmt: skip
+            *base_overrides(corpus, iters), "checkpoint.interval=2", "checkpoint.keep_last=10",
+            "checkpoint.save_retries=0", f"checkpoint.max_failed_saves={max_failed}"]  # fmt: skip
     proc = start_cli(args, mark, log)
     try:
         wait_until(lambda: (store.read_latest(run_dir / "checkpoints") or 0) >= 2, 240, "iter 2")
         fault()
         rc = proc.wait(timeout=240)
-        assert_no_process_left(mark, 10)
+        assert_no_process_left(mark, 10)  # before the cleanup below kills what is left
     finally:
         kill_marked(mark)
     out = log.read_text()
     assert rc == 3, out[-3000:]
+    # torchrun's own ChildFailedError summary still prints; the line after it is ours.
     assert "[rank0]: Traceback" not in out and "Process ForkProcess" not in out, out[-3000:]
     assert "llmctl/launch/" not in out, out[-3000:]
     last = out.strip().splitlines()[-1]
-    assert last.startswith("run failed (exit 3): stopping: 2 consecutive checkpoint saves failed")
+    assert last.startswith(f"run failed (exit 3): {line}"), last
     return rc, out
 
 
