@@ -211,10 +211,10 @@ def convert(
     plan: Any, cfg: Any, ckpt_root: Path, on_progress: Callable[[int, int], None] | None
 ) -> tuple[int, int]:
     """Build, fill and save; returns (RSS before the model was allocated, parameter count)."""
-    from llmctl.hf.importer import _rss_bytes
+    from llmctl.hf.rss import rss_bytes
 
     with one_rank_megatron() as layout:
-        base = _rss_bytes()
+        base = rss_bytes()
         model = empty_model(cfg, layout, plan.dtype)
         stream_weights(plan, model, cfg, on_progress)
         save_checkpoint(model, cfg, layout, ckpt_root, str(plan.src))

@@ -34,6 +34,7 @@ from typing import Any
 from llmctl.errors import UserError
 from llmctl.hf import mapping as M
 from llmctl.hf.config import family_of, load_hf_config, model_fields
+from llmctl.hf.rss import peak_rss_bytes as _peak_rss_bytes
 from llmctl.staging import check_out, publish
 
 MARKER = "import.json"
@@ -211,32 +212,6 @@ class ImportResult:
             "base_rss_bytes": self.base_rss_bytes,
             "peak_over_base_per_model": round(extra / max(self.checkpoint_bytes, 1), 3),
         }
-
-
-def _status_bytes(field: str) -> int:
-    """A `/proc/self/status` memory field in bytes (Linux; 0 elsewhere)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _rss_bytes() -> int:
-    """Current resident set size of this process."""
-    return _status_bytes("VmRSS")
-
-
-def _peak_rss_bytes() -> int:
-    """Peak resident set size of this process image.
-
-    VmHWM, not `getrusage().ru_maxrss`: Linux carries ru_maxrss across fork and exec, so a
-    process started by a large parent (a test runner, a notebook) reported the parent's size as
-    its own peak (seen: 2.35x the model instead of 1.3x).
-    """
-    return _status_bytes("VmHWM")
 
 
 def _staging(out: Path) -> Path:
