@@ -139,33 +139,12 @@ def llmctl_cmd(inp: Path, prefix: Path, tok: Path, workers: int) -> list[str]:
             "-t", str(tok), "-j", str(workers), "--json", "--force"]  # fmt: skip
 
 
-_MLM_RUNNER = """
-import importlib, runpy, sys, types
-from pathlib import Path
-mlm = Path(sys.argv[1])
-sys.argv = [str(mlm / "tools" / "preprocess_data.py"), *sys.argv[2:]]
-sys.path.insert(0, str(mlm))
-try:
-    import six
-except ImportError:
-    six = types.ModuleType("six")
-    six.PY2, six.PY3, six.text_type, six.binary_type = False, True, str, bytes
-    six.string_types = (str,)
-    sys.modules["six"] = six
-pkg = types.ModuleType("megatron.training")
-pkg.__path__ = [str(mlm / "megatron" / "training")]
-sys.modules["megatron.training"] = pkg
-gv = importlib.import_module("megatron.training.global_vars")
-for name in dir(gv):
-    if name.startswith("get_"):
-        setattr(pkg, name, getattr(gv, name))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+_MLM_RUNNER = Path(__file__).resolve().parent / "megatron_lm_runner.py"
 
 
 def megatron_cmd(mlm: Path, inp: Path, prefix: Path, tok: Path, workers: int) -> list[str]:
-    """Megatron-LM's tool with the same tokenizer folder (through the import shim above)."""
-    return [sys.executable, "-c", _MLM_RUNNER, str(mlm), "--input", str(inp),
+    """Megatron-LM's tool with the same tokenizer folder (through megatron_lm_runner.py)."""
+    return [sys.executable, str(_MLM_RUNNER), str(mlm), "--input", str(inp),
             "--output-prefix", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
             "--tokenizer-model", str(tok), "--append-eod", "--workers", str(workers)]  # fmt: skip
 

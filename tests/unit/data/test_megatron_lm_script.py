@@ -5,9 +5,8 @@ and 2; test_megatron_rule.py covers the rule at 1 and 2 workers without the chec
 
 Needs a Megatron-LM checkout: `$MEGATRON_LM`, else /tmp/megatron-lm (for example
 `git --git-dir=<mirror> archive core_v0.16.1 | tar -x -C /tmp/megatron-lm`); skipped without
-one. The checkout is used as is: the runner below only stands in a package object for
-`megatron.training` so that its `__init__` (training loop, GPU kernels the tool never uses) is
-not imported, and a stub `six` when that package is absent (BERT tokenizer import only).
+one. The checkout is used as is, through benchmarks/megatron_lm_runner.py (the benchmark's
+runner too).
 """
 
 from __future__ import annotations
@@ -24,28 +23,7 @@ from llmctl.data.preprocess import PreprocessConfig, preprocess
 
 pytestmark = pytest.mark.slow
 
-RUNNER = """
-import importlib, runpy, sys, types
-from pathlib import Path
-mlm = Path(sys.argv[1])
-sys.argv = [str(mlm / "tools" / "preprocess_data.py"), *sys.argv[2:]]
-sys.path.insert(0, str(mlm))
-try:
-    import six  # noqa: F401
-except ImportError:
-    six = types.ModuleType("six")
-    six.PY2, six.PY3, six.text_type, six.binary_type = False, True, str, bytes
-    six.string_types = (str,)
-    sys.modules["six"] = six
-pkg = types.ModuleType("megatron.training")
-pkg.__path__ = [str(mlm / "megatron" / "training")]
-sys.modules["megatron.training"] = pkg
-gv = importlib.import_module("megatron.training.global_vars")
-for name in dir(gv):
-    if name.startswith("get_"):
-        setattr(pkg, name, getattr(gv, name))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+RUNNER = Path(__file__).resolve().parents[3] / "benchmarks" / "megatron_lm_runner.py"
 
 
 def _checkout() -> Path:
@@ -57,9 +35,7 @@ def _checkout() -> Path:
 
 def run_megatron_lm(checkout: Path, inp: Path, prefix: Path, tok_dir: Path, workers: int) -> Path:
     """Megatron-LM's script as a user runs it; returns its output prefix."""
-    runner = prefix.parent / "run_megatron_lm.py"
-    runner.write_text(RUNNER)
-    cmd = [sys.executable, str(runner), str(checkout), "--input", str(inp),
+    cmd = [sys.executable, str(RUNNER), str(checkout), "--input", str(inp),
            "--workers", str(workers), "--output-prefix", str(prefix),
            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tok_dir),
            "--append-eod"]  # fmt: skip
