@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmctl.topology import Topology, describe, save_cluster, to_dict
+from llmctl.topology.cluster import check_cluster_out
 from llmctl.topology.gpus import KNOWN_GPUS
 
 _GPU_KEYS = tuple(g.key for g in KNOWN_GPUS)
@@ -39,9 +40,14 @@ def topo(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a cluster file an earlier `topo --out` wrote.")
+    ] = False,
 ) -> None:
     """Probe GPUs (NVML), NVLink, PCIe/NUMA, RDMA NICs, CPUs, memory and the SLURM job."""
     save = out or save
+    if save is not None:
+        check_cluster_out(save, force)
     topology = describe(from_file)
     warnings = save_cluster(topology, save, gpu) if save is not None else []
     if as_json:

@@ -235,13 +235,62 @@ def probed_cluster() -> dict[str, Any]:
     return desc
 
 
+_HEADER = "# Written by `llmctl topo --out`"
+
+
+def check_cluster_out(path: str | Path, force: bool = False) -> None:
+    """`topo --out PATH` may write only where nothing is, or over its own earlier file (`force`).
+
+    Raises:
+        UserError: PATH is a folder, exists without `force`, was not written by `llmctl topo`,
+            or its folder cannot be written.
+    """
+    from llmctl.data.outputs import check_writable_parent
+    from llmctl.staging import exists_error, not_ours_error
+
+    out = Path(path)
+    check_writable_parent(out)
+    if out.is_dir():
+        raise UserError(f"{out} is a folder; topo --out writes a cluster YAML file there")
+    if not out.exists():
+        return
+    if not force:
+        raise exists_error(out)
+    try:
+        ours = out.read_text(errors="replace").startswith(_HEADER)
+    except OSError as exc:
+        raise UserError(f"cannot read {out}: {exc.strerror}") from None
+    if not ours:
+        raise not_ours_error(out)
+
+
 def save_cluster(topology: Topology, path: str | Path, gpu: str | None = None) -> list[str]:
-    """Write the cluster description as YAML (keys = ClusterConfig fields); return warnings."""
+    """Write the cluster description as YAML (keys = ClusterConfig fields), whole or not at
+    all (a temporary file renamed into place); return warnings.
+
+    Raises:
+        UserError: `gpu` is not a known GPU, or the file cannot be written.
+    """
+    import os
+
     import yaml
 
+    if gpu is not None and match_gpu(gpu) is None:
+        keys = ", ".join(g.key for g in KNOWN_GPUS)
+        raise UserError(f"--gpu {gpu!r}: not a known GPU; expected one of {keys}")
     desc, warnings = cluster_description(topology, gpu)
-    header = [f"# Written by `llmctl topo --out` from {topology.source}."]
+    if gpu is not None and topology.num_gpus == 0:
+        warnings = [*warnings, f"--gpu {gpu} ignored: {topology.source} has no GPUs"]
+    header = [f"{_HEADER} from {topology.source}."]
     header += [f"# warning: {w}" for w in warnings]
     body = yaml.safe_dump(desc, sort_keys=False, default_flow_style=None)
-    Path(path).write_text("\n".join(header) + "\n" + body)
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.llmctl-partial-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text("\n".join(header) + "\n" + body)
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {out}: {exc.strerror}") from None
     return warnings

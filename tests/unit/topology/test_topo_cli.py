@@ -153,3 +153,41 @@ def test_unknown_gpu_option_lists_known_keys(tmp_path: Path, fixtures: Path) -> 
     args = ("--from", str(fixtures / "dgx_a100.txt"), "--gpu", "a100_40gb", "--save", "x.yaml")
     message = _user_error(*args).message
     assert message.startswith("--gpu 'a100_40gb': not a known GPU; expected one of a100_80gb_sxm")
+
+
+def test_out_never_replaces_a_file_topo_did_not_write(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.yaml"
+    notes.write_text("my own cluster notes\n")
+    assert "exists; pass --force" in _user_error("-o", str(notes)).message
+    assert "was not written by llmctl" in _user_error("-o", str(notes), "--force").message
+    assert notes.read_text() == "my own cluster notes\n"
+    own = tmp_path / "cluster.yaml"
+    assert _run("-o", str(own)).exit_code == 0
+    assert "exists; pass --force" in _user_error("-o", str(own)).message
+    own.write_text(own.read_text() + "# edited\n")
+    assert _run("-o", str(own), "--force").exit_code == 0
+    assert "# edited" not in own.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml", "notes.yaml"]
+
+
+def test_out_that_cannot_be_written_is_one_line_before_any_probe(tmp_path: Path) -> None:
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-m", "llmctl", "topo", "-o", str(folder)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout) == (2, "")
+    expected = f"error: {folder} is a folder; topo --out writes a cluster YAML file there\n"
+    assert out.stderr == expected
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    message = _user_error("-o", str(blocker / "c.yaml")).message
+    assert message == f"cannot write {blocker / 'c.yaml'}: {blocker} is a file, not a folder"
+    assert list(folder.iterdir()) == [] and blocker.read_text() == "x"
+
+
+def test_unknown_gpu_is_refused_whatever_the_source(tmp_path: Path) -> None:
+    out = tmp_path / "c.yaml"
+    assert _user_error("--gpu", "h999", "-o", str(out)).message.startswith("--gpu 'h999': not")
+    assert not out.exists()
