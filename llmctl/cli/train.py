@@ -99,8 +99,9 @@ def dry_run_text(launch: Any) -> str:
     from llmctl.launch.local import shell_line
 
     lay = launch.layout
+    state = "left as it is" if launch.run_dir.exists() else "not created"
     lines = [
-        f"dry run: launcher={launch.kind}, run dir {launch.run_dir} (not created), "
+        f"dry run: launcher={launch.kind}, run dir {launch.run_dir} ({state}), "
         f"layout TP={lay.tp} PP={lay.pp} CP={lay.cp} DP={lay.dp} (world {lay.world_size})"
     ]
     point = launch.resume_point

@@ -50,6 +50,7 @@ def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> Res
     from llmctl.train.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 
     run_dir = Path(cfg.train.run_dir)
+    _check_run_dir_place(run_dir)
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return None
     if not (run_dir / CONFIG_FILE).is_file():
@@ -75,6 +76,28 @@ def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> Res
     if valid is not None:
         check_checkpoint_matches(valid.path, cfg, layout)
     return ResumePoint(step=None if valid is None else valid.step, invalid=tuple(invalid))
+
+
+def _check_run_dir_place(run_dir: Path) -> None:
+    """A run directory can be made (or is a folder): not a file, not under a file, writable.
+
+    Raises:
+        UserError: naming `train.run_dir` and what is in the way.
+    """
+    from llmctl.data.outputs import check_writable_parent
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(
+            f"train.run_dir={run_dir} is a file, not a directory; choose a new or empty directory"
+        )
+    try:
+        check_writable_parent(run_dir / CHECK_CHILD)
+    except UserError as exc:
+        raise UserError(f"train.run_dir={run_dir}: {exc.message}") from None
+
+
+CHECK_CHILD = "config.yaml"
+"""A file every run directory holds: its parent (the run directory) must be writable."""
 
 
 def check_checkpoint_matches(ckpt_dir: Path, cfg: Any, layout: Any) -> None:

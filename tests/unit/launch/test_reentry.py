@@ -183,6 +183,34 @@ def test_train_refuses_a_directory_it_did_not_make(tmp_path: Path, llmctl) -> No
     assert [p.name for p in mine.iterdir()] == ["todo.txt"]
 
 
+def test_run_dir_that_is_a_file_or_under_one_is_refused_and_kept(tmp_path: Path, llmctl) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    for dry in ((), ("--dry-run",)):
+        line = _one_line_error(*llmctl("train", "recipe=tiny_cpu", f"train.run_dir={notes}", *dry))
+        assert line == (
+            f"error: train.run_dir={notes} is a file, not a directory; choose a new or empty "
+            "directory"
+        )
+        line = _one_line_error(
+            *llmctl("train", "recipe=tiny_cpu", f"train.run_dir={notes / 'run'}", *dry)
+        )
+        assert line.startswith(f"error: train.run_dir={notes / 'run'}: cannot write ")
+        assert line.endswith(f"{notes} is a file, not a folder")
+    assert notes.read_text() == "keep me\n" and [p.name for p in tmp_path.iterdir()] == [
+        "notes.txt"
+    ]
+
+
+def test_dry_run_says_whether_the_run_dir_exists(run: Path, tmp_path: Path, llmctl) -> None:
+    rc, out, _ = llmctl("resume", str(run), "--dry-run")
+    assert rc == 0 and out.startswith(f"dry run: launcher=local, run dir {run} (left as it is)")
+    new = tmp_path / "new"
+    rc, out, _ = llmctl("train", "recipe=tiny_cpu", f"train.run_dir={new}", "--dry-run")
+    assert rc == 0 and out.startswith(f"dry run: launcher=local, run dir {new} (not created)")
+    assert not new.exists()
+
+
 def test_resume_takes_layout_flags_and_cluster_file(run: Path, tmp_path: Path) -> None:
     import yaml
 
