@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil
 
+from llmctl.plan import moe as moe_terms
 from llmctl.plan.flops import recompute_factor, step_flops, token_flops
 from llmctl.plan.layout import Layout, StageSplit
 from llmctl.plan.memory import layer_activation_bytes
@@ -205,11 +206,7 @@ def layer_gemm_s(
         f = model.ffn_hidden_size
         t += _fwd_bwd(cluster, dtype, tokens, width * f / tp, h, fwd)
         return t + _fwd_bwd(cluster, dtype, tokens, h, f / tp, fwd)
-    local = max(1, model.num_experts // ep)
-    m_e = max(1.0, tokens * model.moe_router_topk / local)
-    f = model.expert_ffn
-    t += local * _fwd_bwd(cluster, dtype, m_e, width * f / tp, h, fwd)
-    return t + local * _fwd_bwd(cluster, dtype, m_e, h, f / tp, fwd)
+    return t + moe_terms.expert_gemm_s(model, cluster, dtype, tokens, tp, ep, fwd)
 
 
 def _attention_s(
@@ -294,9 +291,13 @@ def _slot_cached(
     ring = 3.0 * (cp_size - 1) * (kv / bw + lat) if cp_size > 1 else 0.0
     cp = layers * _exposed(ring, core, eff.overlap_cost)
     moe = 0.0
+    if model.is_moe:
+        elem += moe_terms.memory_s(model, cluster, tok, tp_size, fwd)
     if model.is_moe and ep > 1:
-        a2a = tok * model.moe_router_topk * model.hidden_size * 2.0 / tp_size
-        moe = layers * 4.0 * all_to_all_s(cluster, ep, tp_size * ep, a2a)
+        sent = moe_terms.dispatch_bytes(model, tok, tp_size)
+        a2a = 4.0 * all_to_all_s(cluster, ep, tp_size * ep, sent)
+        window = gemm / layers + core + elem
+        moe = layers * moe_terms.exposed_a2a_s(a2a, window, run.moe_a2a_overlap, eff.overlap_cost)
     return Slot(
         gemm=gemm,
         attention=layers * core,
@@ -360,9 +361,7 @@ def column_bwd_gemm_s(
     t = _fwd_bwd(cluster, dtype, tokens, (q + 2 * kv) / tp, h, 0.0)
     if not model.is_moe:
         return t + _fwd_bwd(cluster, dtype, tokens, width * model.ffn_hidden_size / tp, h, 0.0)
-    local = max(1, model.num_experts // ep)
-    m_e = max(1.0, tokens * model.moe_router_topk / local)
-    return t + local * _fwd_bwd(cluster, dtype, m_e, width * model.expert_ffn / tp, h, 0.0)
+    return t + moe_terms.expert_column_bwd_s(model, cluster, dtype, tokens, tp, ep)
 
 
 @lru_cache(maxsize=65536)

@@ -87,6 +87,7 @@ def row_input(
         fp8=fp8,
         fp8_param_gather=fp8,
         attention=AttentionKernel(row["attention"]),
+        moe_a2a_overlap=row.get("moe_a2a_overlap", False),
     )
     nodes = max(1, row["gpus"] // cluster.gpus_per_node)
     sized = replace(cluster, num_nodes=nodes, gpus_per_node=row["gpus"] // nodes)

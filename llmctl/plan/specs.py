@@ -219,6 +219,10 @@ class RunSpec:
     train_tokens: float | None = None
     freeze_embeddings: bool = False
     """Input embeddings frozen (fine-tuning): they get no gradient or optimizer state."""
+    moe_a2a_overlap: bool = False
+    """MoE all-to-alls overlapped with another micro-batch's compute (megatron-core
+    `overlap_moe_expert_parallel_comm`; off by default, on in Megatron-Bridge's Qwen3-235B
+    H100 recipe)."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1:
