@@ -83,13 +83,75 @@ def test_fixture_shapes_reproduce_the_published_model_tflops(row: dict[str, Any]
 
 @pytest.mark.parametrize("fit", [True, False], ids=["fit_rows", "held_out_rows"])
 def test_step_time_error_against_published_runs(fit: bool) -> None:
-    """Dense rows. The MoE rows are reported by `make bench-plan`, not held to the targets
-    (docs/planner.md: the MoE terms are coarse)."""
+    """Dense rows (the MoE rows: test_moe_step_time_error_against_published_runs)."""
     errors = {r["id"]: _error(r) for r in ROWS if r["fit"] == fit and not r.get("moe")}
     mean = sum(abs(e) for e in errors.values()) / len(errors)
     worst = max(errors.items(), key=lambda kv: abs(kv[1]))
     assert mean <= 0.10, errors
     assert abs(worst[1]) <= 0.25, worst
+
+
+def _moe_rows(host_bound: bool) -> list[dict[str, Any]]:
+    return [r for r in ROWS if r.get("moe") and bool(r.get("moe_host_bound")) == host_bound]
+
+
+def test_moe_step_time_error_against_published_runs() -> None:
+    """Megatron-Bridge's Qwen3 MoE runs (H100 FP8), all held out: no MoE-specific parameter
+    is fitted (llmctl/plan/moe.py: router, token permutation, grouped expert GEMMs on the
+    dense GEMM shape model, all-to-alls exposed or overlapped as each recipe sets
+    `moe_a2a_overlap`). Same targets as the dense rows."""
+    errors = {r["id"]: _error(r) for r in _moe_rows(host_bound=False)}
+    assert len(errors) >= 3 and {r["model"] for r in _moe_rows(False)} >= {
+        "qwen3_30b_a3b",
+        "qwen3_235b_a22b",
+    }
+    mean = sum(abs(e) for e in errors.values()) / len(errors)
+    worst = max(errors.items(), key=lambda kv: abs(kv[1]))
+    assert mean <= 0.10, errors
+    assert abs(worst[1]) <= 0.25, worst
+
+
+def test_moe_host_bound_rows_are_the_documented_gap() -> None:
+    """The two Qwen3-30B PP2 rows (dropless all-to-all, 1-2 layers per virtual stage) run
+    about 3x slower than the device-side model predicts (measured -67 % and -68 %); the
+    fixture says why (host-side synchronization per MoE layer, not modelled). Held to that
+    figure so a change that closes or widens the gap shows up here."""
+    rows = _moe_rows(host_bound=True)
+    assert [r["model"] for r in rows] == ["qwen3_30b_a3b"] * 2
+    for row in rows:
+        assert "synchroniz" in row["moe_host_bound"]
+        assert -0.75 <= _error(row) <= -0.60, row["id"]
+
+
+def test_moe_a2a_overlap_hides_all_to_all_under_compute() -> None:
+    """With megatron-core's EP overlap the 235B all-to-alls hide under another micro-batch's
+    compute: less exposed all-to-all time, never less than the all-to-all beyond compute."""
+    row = next(r for r in _moe_rows(False) if r["model"] == "qwen3_235b_a22b")
+    inp = row_input(row, PUBLISHED["models"], _cluster(row["cluster"]))
+    on = evaluate(inp, row_layout(row)).time
+    off_inp = replace(inp, run=replace(inp.run, moe_a2a_overlap=False))
+    off = evaluate(off_inp, row_layout(row)).time
+    assert on.moe_comm_s < off.moe_comm_s
+    assert on.moe_comm_s >= off.moe_comm_s - on.compute_s
+
+
+def test_grouped_expert_gemm_uses_the_dense_shape_model() -> None:
+    """One group is the dense GEMM; small per-expert M costs more per FLOP (HBM floor and
+    tile waste), and sharing waves across experts never costs more than separate GEMMs."""
+    from llmctl.plan.moe import grouped_gemm_s
+    from llmctl.plan.perf import gemm_s
+
+    h100 = _cluster("dgx_h100")
+    for m, n, k in ((4096, 1536, 2048), (100, 768, 2048), (8192, 4096, 1536)):
+        assert grouped_gemm_s(h100, "fp8", 1, m, n, k) == pytest.approx(
+            gemm_s(h100, "fp8", m, n, k)
+        )
+    big = grouped_gemm_s(h100, "fp8", 16, 4096, 1536, 2048) / (4096 * 16)
+    small = grouped_gemm_s(h100, "fp8", 16, 64, 1536, 2048) / (64 * 16)
+    assert small > 2 * big
+    assert grouped_gemm_s(h100, "fp8", 16, 200, 1536, 2048) <= 16 * gemm_s(
+        h100, "fp8", 200, 1536, 2048
+    )
 
 
 def test_bridge_layouts_fit_without_recompute() -> None:
