@@ -22,6 +22,7 @@ from llmctl.data.outputs import (
     new_stage,
 )
 from llmctl.errors import UserError
+from llmctl.staging import not_ours_error
 
 if TYPE_CHECKING:
     from llmctl.data.dedup import DedupConfig
@@ -130,10 +131,14 @@ def run_tokenizer_train(
 def run_corpus(out: str, *, max_docs: int = 400, force: bool = False) -> dict[str, Any]:
     """`llmctl data corpus`: the demo corpus as one JSONL file (refused if it exists, unless
     `force`)."""
-    from llmctl.data.corpus import build_demo_corpus
+    from llmctl.data.corpus import build_demo_corpus, is_demo_corpus
 
+    if max_docs < 1:
+        raise UserError(f"--max-docs must be >= 1, got {max_docs}")
     target = Path(out)
     check_file_targets([target], force, "the corpus")
+    if target.exists() and not is_demo_corpus(target):
+        raise not_ours_error(target)
     make_parent(target)
     with OutputLock(target):
         summary = build_demo_corpus(target, max_docs=max_docs)

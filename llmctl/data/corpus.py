@@ -42,19 +42,39 @@ def build_demo_corpus(out_path: str | Path, max_docs: int | None = 1500) -> dict
         sources = [sources[int(i * step)] for i in range(max_docs)]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f".{out.name}.llmctl-partial-{os.getpid()}")
     num_docs = num_bytes = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rel, path in sources:
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if not text.strip():
-                continue
-            line = json.dumps({"text": text, "source": rel}, ensure_ascii=False)
-            f.write(line + "\n")
-            num_docs += 1
-            num_bytes += len(line) + 1
-    os.replace(tmp, out)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for rel, path in sources:
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                if not text.strip():
+                    continue
+                line = json.dumps({"text": text, "source": rel}, ensure_ascii=False)
+                f.write(line + "\n")
+                num_docs += 1
+                num_bytes += len(line) + 1
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"num_docs": num_docs, "num_bytes": num_bytes}
+
+
+def is_demo_corpus(path: Path) -> bool:
+    """Whether `path` looks like a corpus this module wrote (its first line a JSON record with
+    exactly the keys `text` and `source`) or is empty (nothing to lose)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not first:
+        return path.stat().st_size == 0
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and set(record) == {"text", "source"}

@@ -136,6 +136,31 @@ def test_tokenizer_train_and_corpus_refuse_existing_targets(
     assert out.read_text() == "user data\n"
 
 
+def test_corpus_force_replaces_only_a_corpus_llmctl_wrote(cli, tmp_path: Path) -> None:
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"text": "my own document"}\n')
+    line = _one_line_error(cli(["corpus", "-o", str(mine), "--force", "--max-docs", "2"]))
+    assert line == (
+        f"error: {mine} exists and was not written by llmctl; not replacing it (move it away or "
+        "choose another --out)"
+    )
+    assert mine.read_text() == '{"text": "my own document"}\n'
+    ours = tmp_path / "c.jsonl"
+    assert cli(["corpus", "-o", str(ours), "--max-docs", "3"]).exit_code == 0
+    assert cli(["corpus", "-o", str(ours), "--force", "--max-docs", "2"]).exit_code == 0
+    records = [json.loads(ln) for ln in ours.read_text().splitlines()]
+    assert len(records) == 2 and all(set(r) == {"text", "source"} for r in records)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "mine.jsonl"]
+
+
+@pytest.mark.parametrize("max_docs", ["0", "-5"])
+def test_corpus_max_docs_below_one_is_one_line(cli, tmp_path: Path, max_docs: str) -> None:
+    out = tmp_path / "c.jsonl"
+    line = _one_line_error(cli(["corpus", "-o", str(out), "--max-docs", max_docs]))
+    assert line == f"error: --max-docs must be >= 1, got {max_docs}"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("command", ["preprocess", "dedup", "tokenizer", "corpus"])
 def test_output_under_a_file_is_one_line(
     cli, tmp_path: Path, corpus: Path, hf_tokenizer: Path, command: str
