@@ -38,7 +38,7 @@ from llmctl.plan import moe as moe_terms
 from llmctl.plan.flops import recompute_factor, step_flops, token_flops
 from llmctl.plan.layout import Layout, StageSplit
 from llmctl.plan.memory import layer_activation_bytes
-from llmctl.plan.params import embedding_params, layer_params, stage_params
+from llmctl.plan.params import LayerParams, stage_params
 from llmctl.plan.specs import (
     BYTES,
     AttentionKernel,
@@ -384,15 +384,7 @@ def _dp_time(
     n = lay.dp * lay.cp
     if n == 1:
         return 0.0
-    p = stage_params(
-        model,
-        tp=lay.tp,
-        pp=lay.pp,
-        ep=lay.ep,
-        layers=split.bottleneck,
-        first=lay.pp == 1,
-        last=lay.pp == 1,
-    )
+    p = rank_params(model, lay.tp, lay.pp, lay.ep, split)
     span = lay.tp * lay.cp * lay.dp
     wbytes = 1.0 if run.fp8_param_gather else BYTES[run.params_dtype]
     gbytes = BYTES[run.grad_reduce_dtype]
@@ -408,6 +400,21 @@ def _dp_time(
     if lay.sharding == Sharding.none:
         rs, ag = 2.0 * rs, 0.0
     return _exposed(rs, 2.0 / 3.0 * slot_s, cost) + _exposed(ag, slot_s / 3.0, cost)
+
+
+@lru_cache(maxsize=65536)
+def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, split: StageSplit) -> LayerParams:
+    """Parameters of the rank that holds the most: the first stage adds the embeddings, the
+    last the output layer (its own copy when tied and PP > 1). Its gradient reduce and
+    optimizer step finish last, and the step waits for it."""
+    stages = [(split.first, True, pp == 1), (split.last, pp == 1, True)]
+    if pp > 2:
+        stages.append((split.middle, False, False))
+    held = (
+        stage_params(model, tp=tp, pp=pp, ep=ep, layers=n, first=first, last=last)
+        for n, first, last in stages
+    )
+    return max(held, key=lambda p: p.total)
 
 
 def _exposed(comm: float, window: float, cost: float) -> float:
@@ -462,8 +469,27 @@ def _common(
     msg /= layout.tp if layout.sequence_parallel else 1
     bw, lat = _link(cluster, 2 * layout.tp * layout.cp * layout.dp)
     one = msg / bw + lat
-    steady = 2.0 * m * layout.vpp * one * (1.0 - cluster.efficiency.p2p_overlap)
-    return slot, bubble, 2.0 * (pp - 1) * one + steady
+    # megatron-core overlaps p2p only in the interleaved schedule: the 1F1B schedule without
+    # VPP refuses `overlap_p2p_comm` ("Non-interleaved pipeline parallelism does not support
+    # overlapping p2p communication"), so there every send/receive waits.
+    hidden = cluster.efficiency.p2p_overlap if layout.vpp > 1 else 0.0
+    steady = 2.0 * m * layout.vpp * one * (1.0 - hidden)
+    tied = _tied_embedding_allreduce_s(model, cluster, run, layout)
+    return slot, bubble, 2.0 * (pp - 1) * one + steady + tied
+
+
+def _tied_embedding_allreduce_s(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout
+) -> float:
+    """Seconds of the word-embedding gradient all-reduce between the first and the last
+    pipeline stage (PP > 1 with tied embeddings: both hold a copy). megatron-core's
+    `finalize_model_grads` runs it after the data-parallel gradient sync, on the whole
+    main-gradient tensor (`grad_dtype`), with nothing left to hide it behind."""
+    if layout.pp == 1 or not model.tied_embeddings or run.freeze_embeddings:
+        return 0.0
+    nbytes = model.vocab_size * model.hidden_size / layout.tp * BYTES[run.grad_dtype]
+    span = (layout.pp - 1) * layout.tp * layout.cp * layout.dp + 1
+    return 2.0 * ring_time(cluster, 2, span, nbytes)
 
 
 def loss_layers_moved(
@@ -525,8 +551,7 @@ def _sharded(
 ) -> tuple[float, float]:
     """Seconds of (exposed DP communication, optimizer step) for `layout.sharding`."""
     dp = _dp_time(model, cluster, run, layout, split, slot_s, m)
-    owned = layer_params(model, layout.tp, layout.ep).total * split.bottleneck
-    owned += embedding_params(model, layout.tp) if layout.pp == 1 else 0
+    owned = rank_params(model, layout.tp, layout.pp, layout.ep, split).total
     shard = layout.dp * layout.cp if layout.sharding != Sharding.none else 1
     # fp32 master read+write 8, Adam m and v read+write 16, gradient read, parameter write.
     per_param = 24.0 + BYTES[run.grad_dtype] + BYTES[run.params_dtype]
