@@ -52,7 +52,7 @@ def rows() -> list[dict[str, Any]]:
                 "id": row["id"],
                 "fit": row["fit"],
                 "moe": row.get("moe", False),
-                "host_bound": bool(row.get("moe_host_bound")),
+                "excluded": bool(row.get("moe_excluded")),
                 "layout": ev.layout.short(),
                 "measured_s": measured,
                 "predicted_s": ev.rates.step_s,
@@ -82,13 +82,13 @@ def table4() -> list[dict[str, Any]]:
 
 def summary(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean and worst |error| of the dense fit rows, dense held-out rows, all dense rows, the
-    (held-out) mixture-of-experts rows and, apart, the MoE rows flagged host-bound."""
+    (held-out) mixture-of-experts rows and, apart, the MoE rows flagged excluded."""
     groups = {
         "fit": lambda r: r["fit"] and not r["moe"],
         "held_out": lambda r: not r["fit"] and not r["moe"],
         "all_dense": lambda r: not r["moe"],
-        "moe_held_out": lambda r: r["moe"] and not r["host_bound"],
-        "moe_host_bound_excluded": lambda r: r["host_bound"],
+        "moe_held_out": lambda r: r["moe"] and not r["excluded"],
+        "moe_excluded": lambda r: r["excluded"],
     }
     out = {}
     for label, keep in groups.items():
@@ -131,7 +131,7 @@ def main() -> None:
     for r in table:
         print(
             f"| {r['id']} | {'fit' if r['fit'] else 'held out'}{' (MoE)' if r['moe'] else ''}"
-            f"{', host-bound: excluded' if r['host_bound'] else ''} | "
+            f"{', excluded' if r['excluded'] else ''} | "
             f"{r['layout']} | "
             f"{r['measured_s']:.3f} | {r['predicted_s']:.3f} | {r['error']:+.1%} | "
             f"{r['peak_gib']:.1f}{'' if r['fits'] else ' (over)'} |"
