@@ -61,6 +61,7 @@ def third_party_output_to(log_path: Path | None) -> Iterator[TextIO]:
         yield sys.stderr
         return
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    new_log = not log_path.exists()
     sys.stderr.flush()
     saved = os.dup(2)
     own = os.fdopen(os.dup(saved), "w", buffering=1)
@@ -68,8 +69,19 @@ def third_party_output_to(log_path: Path | None) -> Iterator[TextIO]:
         os.dup2(log.fileno(), 2)
         try:
             yield own
+        except BaseException:
+            _drop_if_empty(log_path, new_log)
+            raise
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             own.close()
+
+
+def _drop_if_empty(log_path: Path, new_log: bool) -> None:
+    """A failed block leaves no empty log behind (one it created: a user error found early)."""
+    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        if new_log and log_path.stat().st_size == 0:
+            log_path.unlink()

@@ -35,8 +35,12 @@ def check_out(out: Path, force: bool, marker: str) -> None:
     holds `marker`.
 
     Raises:
-        UserError: `exists_error` without `force`; `not_ours_error` with it.
+        UserError: `exists_error` without `force`; `not_ours_error` with it; a place that
+            cannot be written (a parent that is a file, a read-only folder).
     """
+    from llmctl.data.outputs import check_writable_parent
+
+    check_writable_parent(out)
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not force:

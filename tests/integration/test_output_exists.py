@@ -65,3 +65,34 @@ def test_existing_output_is_one_shared_line(
     assert [ln for ln in stderr.splitlines() if ln.strip()] == [LINE.format(named)]
     assert user_file.read_bytes() == USER_BYTES
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging, log or lock left
+
+
+@pytest.mark.parametrize("command", ["preprocess", "dedup", "sft", "import", "export", "quantize"])
+def test_output_under_a_file_is_one_line(
+    command: str,
+    inputs: dict[str, Path],
+    tmp_path: Path,
+    run_main: Callable[[list[str]], tuple[int, str, str]],
+) -> None:
+    blocker = tmp_path / "notes.txt"
+    blocker.write_bytes(USER_BYTES)
+    out = blocker / "out"
+    argv, _ = _commands(inputs, out)[command]
+    code, stdout, stderr = run_main(argv)
+    assert (code, stdout) == (2, ""), stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write {out}"), stderr
+    assert lines[0].endswith(f"{blocker} is a file, not a folder")
+    assert blocker.read_bytes() == USER_BYTES and [p.name for p in tmp_path.iterdir()] == [
+        "notes.txt"
+    ]
+
+
+def test_failed_export_leaves_no_empty_log(
+    tmp_path: Path, run_main: Callable[[list[str]], tuple[int, str, str]]
+) -> None:
+    code, stdout, stderr = run_main(
+        ["export", "hf", str(tmp_path / "no_run"), "-o", str(tmp_path / "hf")]
+    )
+    assert (code, stdout) == (2, "") and "is not a run directory" in stderr
+    assert list(tmp_path.iterdir()) == []
