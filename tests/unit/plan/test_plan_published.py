@@ -214,10 +214,13 @@ def test_bridge_layouts_rank_in_the_top_10(recipe: str) -> None:
 
 
 #: Worst rank each Korthikanti layout must reach. The goal is 10; the 22B layout (TP8, one
-#: micro-batch of 4) ranks 14th: 13 layouts with half its tensor-parallel traffic (TP4 with
-#: FSDP or PP2 interleaving, TP2 with FSDP) are predicted 0.1-4.2 % faster, less than the
-#: model's error on that very row (docs/planner.md, "Picks").
-KORTHIKANTI_RANK = {"megatron_22b": 15, "gpt3_175b": 10, "megatron_530b": 10, "megatron_1t": 10}
+#: micro-batch of 4) ranks 11th: 10 layouts are predicted 0.2-4.2 % faster, less than the
+#: model's error on that very row (-7.8 %). One is the same TP8 without recompute at two
+#: micro-batches of 2; the others halve its tensor-parallel traffic (TP4 with FSDP or PP2
+#: interleaving, TP2 with FSDP) and pay every cost megatron-core adds for that (DP/FSDP
+#: collectives, bubble, exposed pipeline sends, the tied-embedding all-reduce;
+#: docs/planner.md, "Picks").
+KORTHIKANTI_RANK = {"megatron_22b": 11, "gpt3_175b": 10, "megatron_530b": 10, "megatron_1t": 10}
 
 
 @pytest.mark.parametrize("model", KORTHIKANTI["models"], ids=lambda m: m["name"])
