@@ -259,6 +259,11 @@ def _hydra_message(exc: BaseException) -> str:
     cause = exc.__cause__
     if cause is not None and str(cause).strip():
         head = f"{head}: {str(cause).strip().splitlines()[0]}"
+    override = getattr(exc, "override", None)  # hydra's OverrideParseException: name it
+    if isinstance(override, str) and override not in head:
+        head = f"override {override!r}: {head} (Hydra override grammar: key=value)"
+    if "is not a ListConfig" in head:
+        head += " (a list is written key=[a,b]; quote it for the shell)"
     return head
 
 

@@ -44,6 +44,8 @@ def test_group_choice_override_and_short_flags() -> None:
         ("tiny_cpu", ["model.num_attention_heads=3"], "not divisible by model.num_attention_heads"),
         ("tiny_cpu", ["precision.dtype=fp8"], "fp8_recipe"),
         ("tiny_cpu", ["lr"], "not key=value"),
+        ("tiny_cpu", ["train.lr=[1"], "override 'train.lr=[1': "),
+        ("tiny_cpu", ["data.prefixes=data/x"], "a list is written key=[a,b]"),
     ],
 )
 def test_bad_input_is_one_line_user_error(recipe: str, overrides: list[str], needle: str) -> None:
