@@ -40,6 +40,7 @@ from llmctl.data.choices import DedupMode as DedupMode
 from llmctl.data.choices import Verify as Verify
 from llmctl.data.manifest import read_json, stamp, write_json_atomic
 from llmctl.data.minhash import (
+    SIGNATURE_SCHEME,
     MinHasher,
     Normalization,
     ShingleUnit,
@@ -150,8 +151,10 @@ class DedupConfig:
         )
 
     def params(self) -> dict[str, Any]:
-        """The parameters that decide the result (for manifests)."""
+        """The parameters that decide the result (for manifests, the report and the work
+        folder's plan, so that signatures of another scheme are never resumed)."""
         out = {k: v for k, v in asdict(self).items() if k not in _RUN_ONLY}
+        out["signature_scheme"] = SIGNATURE_SCHEME
         return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in out.items()}
 
     def validate(self) -> None:

@@ -44,7 +44,7 @@ from llmctl.data.dedup import (
     signature_shard,
 )
 from llmctl.data.manifest import read_json, write_json_atomic
-from llmctl.data.minhash import ShingleUnit
+from llmctl.data.minhash import SIGNATURE_SCHEME, ShingleUnit
 from llmctl.data.outputs import OutputLock, check_collisions, check_file_targets, command_line
 from llmctl.data.preprocess import (
     PreprocessConfig,
@@ -158,6 +158,7 @@ def _save_job(job_dir: Path, cfg: DedupConfig, chunks: list[Chunk], scans: list[
         "config": {k: (str(v) if hasattr(v, "value") else v) for k, v in asdict(cfg).items()},
         "chunks": [{**asdict(c), "kind": c.kind.value} for c in chunks],
         "scans": [[str(s.path), s.num_bytes, s.sha256] for s in scans],
+        "signature_scheme": SIGNATURE_SCHEME,
         "submitted": time.time(),
     }
     write_json_atomic(job_dir / "job.json", payload)
@@ -168,6 +169,11 @@ def load_job(job_json: Path) -> tuple[DedupConfig, list[Chunk], list[FileScan]]:
     data = read_json(job_json)
     if data is None:
         raise UserError(f"{job_json}: missing or not JSON")
+    if data.get("signature_scheme") != SIGNATURE_SCHEME:
+        raise UserError(
+            f"{job_json}: signatures of scheme {data.get('signature_scheme', 'v1')!r}, this "
+            f"llmctl makes {SIGNATURE_SCHEME!r}; submit the dedup again"
+        )
     c = dict(data["config"])
     c.update(
         mode=DedupMode(c["mode"]),

@@ -59,19 +59,89 @@ def test_normalisation_makes_case_and_punctuation_irrelevant() -> None:
     assert np.array_equal(a, b)
 
 
-def test_signatures_equal_the_formula_and_empty_docs_are_max() -> None:
-    docs = [*_random_docs(1, 30), ""]
+def _fmix32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_signatures_equal_the_one_permutation_definition_and_empty_docs_are_max() -> None:
+    docs = [*_random_docs(1, 30), "", "a b c", "one"]
     hasher = MinHasher(64, seed=3)
     h, off = shingle_hashes(docs, 3)
     sig = hasher.signatures(h, off)
-    a, b = hasher.params()
-    assert a.dtype == np.uint32 and (a % 2 == 1).all()
-    for i in range(len(docs) - 1):
-        x = [int(v) for v in h[off[i] : off[i + 1]]]
-        ref = [min((int(ak) * v + int(bk)) % 2**32 for v in x) for ak, bk in zip(a, b, strict=True)]
+    key, k = int(hasher.key()), hasher.num_perm
+    probes = hasher.probes(0, 4096)
+    for i, d in enumerate(docs):
+        if not d:
+            assert (sig[i] == 0xFFFFFFFF).all()
+            continue
+        ys = [_fmix32(int(v) ^ key) for v in h[off[i] : off[i + 1]]]
+        bins: dict[int, int] = {}
+        for y in ys:
+            b = y * k >> 32
+            bins[b] = min(bins.get(b, y), y)
+        ref = [bins[b] if b in bins else bins[next(p for p in probes[b] if p in bins)]
+               for b in range(k)]  # fmt: skip
         assert sig[i].tolist() == ref
-    assert (sig[-1] == 0xFFFFFFFF).all()
     assert np.array_equal(compute_signatures(docs, hasher, ngram=3), sig)
+
+
+def test_densification_past_the_probe_budget_takes_the_next_filled_bin(monkeypatch) -> None:
+    import llmctl.data.minhash as minhash
+
+    monkeypatch.setattr(minhash, "_MAX_PROBES", 0)  # the rare path: no probe hit a filled bin
+    h, off = shingle_hashes(["a b c d e f g", "one"], 5)
+    sig = MinHasher(32, seed=5).signatures(h, off)
+    assert len(set(sig[1].tolist())) == 1  # one shingle fills every slot
+    filled = [b for b in range(32) if b in {int(y) * 32 >> 32 for y in sig[0]}]
+    want = [min(f for f in filled if f >= b) if b <= filled[-1] else filled[0] for b in range(32)]
+    assert [int(sig[0, w]) for w in want] == sig[0].tolist()
+
+
+def _overlapping_pairs(
+    rng: np.random.Generator, n: int, sizes: tuple[int, int], sims: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n pairs of random 32-bit shingle sets; their exact Jaccard from Python sets."""
+    parts, offsets, truth = [], [0], []
+    for _ in range(n):
+        size, j = int(rng.integers(*sizes, endpoint=True)), rng.uniform(*sims)
+        common = min(round(size * 2 * j / (1 + j)), size)
+        u = rng.integers(0, 2**32, size=2 * size - common, dtype=np.uint64).astype(np.uint32)
+        a, b = u[:size], np.concatenate([u[:common], u[size:]])
+        sa, sb = set(a.tolist()), set(b.tolist())
+        truth.append(len(sa & sb) / len(sa | sb))
+        parts += [a, b]
+        offsets += [offsets[-1] + len(a), offsets[-1] + len(a) + len(b)]
+    return np.concatenate(parts), np.array(offsets), np.array(truth)
+
+
+def _bias(values: np.ndarray) -> tuple[float, float]:
+    return float(values.mean()), float(values.std() / np.sqrt(len(values)))
+
+
+@pytest.mark.parametrize("sizes", [(1, 8), (8, 60), (60, 400), (400, 1500)])
+def test_each_slot_collides_with_probability_jaccard_and_bands_follow_the_s_curve(
+    sizes: tuple[int, int],
+) -> None:
+    # tiny sets leave most of the 120 bins empty (densification), large ones none
+    rng = np.random.default_rng(sizes[0])
+    h, off, true = _overlapping_pairs(rng, 600, sizes, (0.05, 1.0))
+    sig = MinHasher(120, seed=sizes[1]).signatures(h, off)
+    slot_bias, se = _bias((sig[0::2] == sig[1::2]).mean(axis=1) - true)
+    assert abs(slot_bias) < 4 * se and se < 0.003, (slot_bias, se)
+    # the test has the power to see a broken estimator: 1/32 extra collisions per slot
+    broken = (sig[0::2] % 32 == sig[1::2] % 32).mean(axis=1) - true
+    assert _bias(broken)[0] > 4 * se
+    # bands of 6 rows: P(band equal) = J**6 and P(candidate) = 1 - (1 - J**6)**20 (planner)
+    h, off, true = _overlapping_pairs(rng, 600, sizes, (0.4, 0.9))
+    eq = MinHasher(120, seed=sizes[1]).signatures(h, off)
+    band = (eq[0::2] == eq[1::2]).reshape(len(true), 20, 6).all(axis=2)
+    assert abs(_bias(band.mean(axis=1) - true**6)[0]) < 0.01
+    cand_bias, cand_se = _bias(band.any(axis=1) - (1 - (1 - true**6) ** 20))
+    assert abs(cand_bias) < 4 * cand_se, (cand_bias, cand_se)
 
 
 def test_signature_agreement_estimates_jaccard() -> None:
