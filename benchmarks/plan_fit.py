@@ -26,9 +26,10 @@ FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan" / "pub
 #: Korthikanti et al. 2022: Table 4 (per-layer times of the 22B model) joins the A100 fit.
 KORTHIKANTI = FIX.with_name("korthikanti_2022.json")
 #: Knobs fixed before fitting, with why. 2022 Megatron-LM (the A100 rows) had no tensor-parallel
-#: overlap beyond the asynchronous backward collectives the model schedules explicitly, and
-#: waited on every pipeline send/receive (no `overlap_p2p_comm` before 2023).
-FIXED = {"dgx_a100_80gb": {"tp_overlap": 0.0, "p2p_overlap": 0.0}}
+#: overlap beyond the asynchronous backward collectives the model schedules explicitly,
+#: waited on every pipeline send/receive (no `overlap_p2p_comm` before 2023) and split non-SP
+#: pipeline activations over the TP ranks (`scatter_gather_tensors_in_pipeline`).
+FIXED = {"dgx_a100_80gb": {"tp_overlap": 0.0, "p2p_overlap": 0.0, "p2p_scatter_gather": 1.0}}
 #: (knob, low, high); "fraction.<dtype>" is an achievable fraction, others Efficiency fields.
 KNOBS = {
     "dgx_a100_80gb": [

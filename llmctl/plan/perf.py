@@ -466,9 +466,14 @@ def _common(
         return slot, bubble, 0.0
     m = layout.num_microbatches(run.global_batch_size)
     msg = layout.micro_batch_size * model.seq_length / layout.cp * model.hidden_size * 2.0
-    msg /= layout.tp if layout.sequence_parallel else 1
+    gather = 0.0
+    if not layout.sequence_parallel and cluster.efficiency.p2p_scatter_gather:
+        # 2022 Megatron-LM's scatter_gather_tensors_in_pipeline: each TP rank sends 1/TP of
+        # the activation and the receiving stage all-gathers it over NVLink.
+        gather = ring_time(cluster, layout.tp, layout.tp, msg)
+    msg /= layout.tp if layout.sequence_parallel or gather else 1
     bw, lat = _link(cluster, 2 * layout.tp * layout.cp * layout.dp)
-    one = msg / bw + lat
+    one = msg / bw + lat + gather
     # megatron-core overlaps p2p only in the interleaved schedule: the 1F1B schedule without
     # VPP refuses `overlap_p2p_comm` ("Non-interleaved pipeline parallelism does not support
     # overlapping p2p communication"), so there every send/receive waits.

@@ -76,6 +76,10 @@ class Efficiency:
     partial softmax results."""
     step_overhead_s: float = 0.0
     """Fixed seconds per optimizer step (gradient-norm all-reduce, data loader, logging)."""
+    p2p_scatter_gather: float = 0.0
+    """1 for 2022 Megatron-LM's `scatter_gather_tensors_in_pipeline` (on by default there;
+    megatron-core has no such option, so 0): without sequence parallelism each TP rank sends
+    1/TP of the boundary activation to the next stage, which all-gathers it over NVLink."""
 
     def __post_init__(self) -> None:
         for name in ("attention", "link"):
@@ -92,6 +96,10 @@ class Efficiency:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"efficiency.{name} must be >= 0, got {getattr(self, name)}")
+        if self.p2p_scatter_gather not in (0.0, 1.0):
+            raise ValueError(
+                f"efficiency.p2p_scatter_gather must be 0 or 1, got {self.p2p_scatter_gather}"
+            )
         if self.step_overhead_s < 0:
             raise ValueError(f"efficiency.step_overhead_s must be >= 0, got {self.step_overhead_s}")
 
