@@ -103,6 +103,17 @@ def _pick_step(ckpt_root: Path, step: int | None) -> int:
     return step
 
 
+def _newest_complete_other_than(ckpt_root: Path, bad_step: int) -> int | None:
+    """The newest step, other than `bad_step`, whose checkpoint passes the full check (CRC32s:
+    a size-only check would pass a checkpoint corrupted in place)."""
+    from llmctl.train import ckpt_store as store
+
+    for step in reversed(store.committed_steps(ckpt_root)):
+        if step != bad_step and store.validate(ckpt_root / store.iter_name(step), full=True).ok:
+            return step
+    return None
+
+
 def find_run_checkpoint(
     run_dir: Path, step: int | None = None, tokenizer: Path | None = None
 ) -> RunCheckpoint:
@@ -126,8 +137,8 @@ def find_run_checkpoint(
     chosen = _pick_step(ckpt_root, step)
     check = store.validate(ckpt_root / store.iter_name(chosen), full=True)
     if not check.ok:
-        good, _ = store.newest_valid(ckpt_root, full=False)
-        hint = f"; --step {good.step} is complete" if good is not None else ""
+        good = _newest_complete_other_than(ckpt_root, chosen)
+        hint = f"; --step {good} is complete" if good is not None else ""
         raise UserError(f"checkpoint {check.path} is not usable: {check.reason}{hint}")
     prefix, tok = _run_data(cfg)
     tok_path = tokenizer or (Path(tok) if tok else None)

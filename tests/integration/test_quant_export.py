@@ -133,6 +133,29 @@ def test_export_cli_and_bad_runs(run: dict, tmp_path: Path) -> None:
         export_run(broken, tmp_path / "x")
 
 
+def _flip_a_byte(ckpt: Path) -> None:
+    """Corrupt a checkpoint in place, keeping every size (only the CRC32s can tell)."""
+    shard = sorted(ckpt.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+
+def test_corrupt_checkpoint_hint_names_a_step_that_is_complete(run: dict, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(run["run"], broken)
+    _flip_a_byte(broken / "checkpoints" / "iter_0000020")
+    with pytest.raises(UserError) as err:
+        export_run(broken, tmp_path / "x")
+    assert err.value.message.endswith("checksum mismatch; --step 10 is complete")
+    assert export_run(broken, tmp_path / "x10", step=10).step == 10  # the hint holds
+    _flip_a_byte(broken / "checkpoints" / "iter_0000010")
+    with pytest.raises(UserError) as err:
+        export_run(broken, tmp_path / "y")
+    assert err.value.message.endswith("checksum mismatch")  # no complete step to offer
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
 def test_quantize_run_dir_exports_on_the_fly(run: dict) -> None:
     from llmctl.quant.quantize import quantize_source
 
