@@ -96,3 +96,19 @@ def test_optimizer_steps_every_parameter_of_the_rank() -> None:
     staged = Layout(tp=1, pp=2, dp=4, sharding=Sharding.none, recompute=Recompute.selective)
     layers_only = total_params(model) - 2 * model.vocab_size * model.hidden_size
     assert evaluate(inp, staged).time.optimizer_s * hbm / per_param > layers_only / 2 * 1.05
+
+
+def test_2022_megatron_lm_scatters_non_sp_pipeline_sends_over_tp() -> None:
+    """2022 Megatron-LM (the A100 file's fitted runs) sent a non-SP boundary activation as
+    1/TP per TP rank and all-gathered it over NVLink (`scatter_gather_tensors_in_pipeline`);
+    megatron-core (H100 file) sends the whole activation from every TP rank."""
+    a100 = plan_input(compose("gpt3_175b_pretrain_64gpu_a100_bf16", []))
+    h100 = plan_input(compose("llama3_70b_pretrain_64gpu_h100_fp8", []))
+    assert a100.cluster.efficiency.p2p_scatter_gather == 1.0
+    assert h100.cluster.efficiency.p2p_scatter_gather == 0.0
+    untied = replace(a100, model=replace(a100.model, tied_embeddings=False))
+    lay = Layout(tp=8, pp=8, micro_batch_size=1, recompute=Recompute.full, sharding=Sharding.none)
+    scattered = evaluate(untied, lay).time.pp_comm_s
+    whole = evaluate(_with(untied, p2p_scatter_gather=0.0), lay).time.pp_comm_s
+    sp = evaluate(untied, replace(lay, sequence_parallel=True)).time.pp_comm_s
+    assert sp < scattered < whole / 3
