@@ -157,7 +157,7 @@ def compose(
         with initialize_config_dir(config_dir=str(resource_dir("configs")), version_base=None):
             raw = hydra_compose(config_name=_RECIPE_NODE, overrides=overrides)
     except Exception as exc:
-        raise UserError(_hydra_message(exc)) from None
+        raise UserError(_composing_message(exc, str(path)) or _hydra_message(exc)) from None
     finally:
         GlobalHydra.instance().clear()
     raw_dict = cast(dict[str, Any], OmegaConf.to_container(raw, resolve=True))
@@ -265,6 +265,24 @@ def _hydra_message(exc: BaseException) -> str:
     if "is not a ListConfig" in head:
         head += " (a list is written key=[a,b]; quote it for the shell)"
     return head
+
+
+def _composing_message(exc: BaseException, recipe_path: str) -> str | None:
+    """One line for Hydra's multi-line "<X>Error raised while composing config" (a typo'd key
+    or a wrongly typed value in a recipe or config file): the file, the dotted key, the problem.
+    None when `exc` is not that kind of error."""
+    text = [ln.strip() for ln in str(exc).strip().splitlines()]
+    match = re.fullmatch(
+        r"In '([^']+)': (\w+) raised while composing config:", text[0] if text else ""
+    )
+    if match is None or len(text) < 2:
+        return None
+    where = recipe_path if match.group(1) == _RECIPE_NODE else f"configs/{match.group(1)}.yaml"
+    key = next((ln.split(":", 1)[1].strip() for ln in text if ln.startswith("full_key:")), "")
+    if match.group(2) == "ConfigKeyError" and key:
+        names = all_keys() if "." in key else list(GROUPS)
+        return f"{where}: unknown config key {key!r}{_closest(key, names)}"
+    return f"{where}: {key}: {text[1]}" if key else f"{where}: {text[1]}"
 
 
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:

@@ -72,6 +72,31 @@ def test_malformed_recipe_file_names_the_file(tmp_path: Path) -> None:
         compose(str(bad))
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            "train:\n  train_itres: 7\n",
+            "unknown config key 'train.train_itres'; did you mean train.train_iters",
+        ),
+        ("trian:\n  lr: 1\n", "unknown config key 'trian'; did you mean train"),
+        (
+            "train:\n  lr: fast\n",
+            "train.lr: Value 'fast' of type 'str' could not be converted to Float",
+        ),
+    ],
+)
+def test_mistake_inside_a_recipe_file_names_file_and_key(
+    tmp_path: Path, body: str, expected: str
+) -> None:
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("defaults:\n  - model: tiny\n" + body)
+    with pytest.raises(UserError) as info:
+        compose(str(recipe))
+    assert info.value.message.startswith(f"{recipe}: {expected}")
+    assert "\n" not in info.value.message
+
+
 def test_cluster_file_replaces_cluster(tmp_path: Path) -> None:
     desc = tmp_path / "cluster.yaml"
     desc.write_text(
