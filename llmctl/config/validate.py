@@ -12,6 +12,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_parallel(cfg)
     _validate_precision(cfg)
     _validate_minimums(cfg)
+    _validate_cluster(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -90,3 +91,18 @@ def _validate_precision(cfg: RootConfig) -> None:
         )
     if pr.params_dtype not in (Dtype.fp32, Dtype.bf16, Dtype.fp16):
         raise UserError(f"precision.params_dtype must be fp32, bf16 or fp16, got {pr.params_dtype}")
+
+
+def _validate_cluster(cfg: RootConfig) -> None:
+    """The hardware numbers the planner divides by must be positive (a `topo --out` file of an
+    unknown GPU holds zeros until the user fills them in)."""
+    c = cfg.cluster
+    values = {"hbm_gib": c.hbm_gib, "hbm_bandwidth_gb_s": c.hbm_bandwidth_gb_s}
+    values |= {f"peak_tflops.{k}": v for k, v in c.peak_tflops.items()}
+    values |= {f"achievable_fraction.{k}": v for k, v in c.achievable_fraction.items()}
+    for key, value in values.items():
+        if not value > 0:
+            raise UserError(
+                f"cluster.{key} must be > 0, got {value} (cluster {c.name}): set it in the "
+                "cluster file; `llmctl topo --gpu NAME -o FILE` fills it for a known GPU"
+            )

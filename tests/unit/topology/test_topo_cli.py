@@ -191,3 +191,23 @@ def test_unknown_gpu_is_refused_whatever_the_source(tmp_path: Path) -> None:
     out = tmp_path / "c.yaml"
     assert _user_error("--gpu", "h999", "-o", str(out)).message.startswith("--gpu 'h999': not")
     assert not out.exists()
+
+
+def test_plan_on_an_unknown_gpu_file_names_the_zero_to_fill_in(
+    tmp_path: Path, fixtures: Path
+) -> None:
+    """`topo --out` of an unknown GPU writes zeros; planning on it is one line, not a crash."""
+    out = tmp_path / "pcie.yaml"
+    assert _run("--from", str(fixtures / "pcie_8x_rtx4090.txt"), "-o", str(out)).exit_code == 0
+    result = runner.invoke(
+        app, ["plan", "recipe=tiny_cpu", "--cluster-file", str(out)], standalone_mode=False
+    )
+    assert isinstance(result.exception, UserError), result.output
+    assert result.exception.message.startswith("cluster.hbm_gib must be > 0, got 0.0 (cluster ")
+    text = out.read_text().replace("hbm_gib: 0.0", "hbm_gib: 24.0")
+    out.write_text(text.replace("hbm_bandwidth_gb_s: 0.0", "hbm_bandwidth_gb_s: 1008.0"))
+    result = runner.invoke(
+        app, ["plan", "recipe=tiny_cpu", "--cluster-file", str(out)], standalone_mode=False
+    )
+    assert isinstance(result.exception, UserError), result.output
+    assert result.exception.message.startswith("cluster.peak_tflops.")
