@@ -208,4 +208,8 @@ def _explain(console: Console, res: PlanResult, ev: Evaluation) -> None:
     time.add_row("[bold]total[/]", f"[bold]{ev.time.total_s:.3f}[/]", "")
     console.print(mem)
     console.print(time)
+    if res.input.model.is_moe:
+        overlap = res.input.run.moe_a2a_overlap
+        how = "overlapped with another micro-batch's compute" if overlap else "exposed"
+        console.print(f"MoE all-to-alls (moe_comm): {how} (parallel.moe_a2a_overlap)")
     _published(console, res)

@@ -145,6 +145,7 @@ def run_spec(cfg: RootConfig) -> RunSpec:
         attention=attention_kernel(cfg),
         train_tokens=cfg.train.train_tokens,
         freeze_embeddings=cfg.train.freeze_embeddings,
+        moe_a2a_overlap=cfg.parallel.moe_a2a_overlap and cfg.model.num_experts > 0,
     )
 
 

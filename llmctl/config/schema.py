@@ -177,6 +177,13 @@ class ParallelConfig:
         None, "Optimizer-state sharding: none, distributed (ZeRO-1) or full (FSDP)."
     )
     allow_tp_outside_nvlink: bool = doc(False, "Let TP cross the NVLink domain.")
+    moe_a2a_overlap: bool = doc(
+        False,
+        "MoE only: overlap the expert-parallel all-to-alls of one micro-batch with another's "
+        "compute (megatron-core overlap_moe_expert_parallel_comm; off by default). Needs EP > 1, "
+        "no full recompute, VPP when PP > 1, 16-bit/FP8 compute and CUDA; the planner searches "
+        "only such layouts when it is on.",
+    )
 
 
 @dataclass(kw_only=True)

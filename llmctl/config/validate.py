@@ -80,6 +80,20 @@ def _validate_parallel(cfg: RootConfig) -> None:
             raise UserError(f"parallel.{name} must be >= 1, got {value}")
     if cfg.cluster.num_nodes < 1 or cfg.cluster.gpus_per_node < 1:
         raise UserError("cluster.num_nodes and cluster.gpus_per_node must be >= 1")
+    _validate_moe_overlap(cfg)
+
+
+def _validate_moe_overlap(cfg: RootConfig) -> None:
+    """megatron-core's own checks of overlap_moe_expert_parallel_comm that need no layout."""
+    if not cfg.parallel.moe_a2a_overlap:
+        return
+    if not cfg.model.num_experts:
+        raise UserError("parallel.moe_a2a_overlap=true needs an MoE model (model.num_experts > 0)")
+    if cfg.precision.dtype not in (Dtype.bf16, Dtype.fp16, Dtype.fp8):
+        raise UserError(
+            "parallel.moe_a2a_overlap=true needs precision bf16, fp16 or fp8 (megatron-core "
+            f"overlaps only 16-bit models), got precision.dtype={cfg.precision.dtype}"
+        )
 
 
 def _validate_precision(cfg: RootConfig) -> None:

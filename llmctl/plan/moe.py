@@ -38,7 +38,8 @@ from __future__ import annotations
 from functools import lru_cache
 from math import ceil
 
-from llmctl.plan.specs import BYTES, ClusterSpec, ModelSpec
+from llmctl.plan.layout import Layout
+from llmctl.plan.specs import BYTES, ClusterSpec, ModelSpec, Recompute
 
 #: Output tile of a tensor-core GEMM (rows x columns), as in `perf.gemm_s`.
 TILE = 128
@@ -137,6 +138,22 @@ def dispatch_bytes(model: ModelSpec, tokens: float, tp: int) -> float:
     """Bytes one rank sends in one all-to-all (dispatch or combine): its routed copies in
     bf16 (the published FP8 recipes dispatch 16-bit activations)."""
     return tokens / tp * model.moe_router_topk * model.hidden_size * BYTES["bf16"]
+
+
+def overlap_refusal(layout: Layout) -> str | None:
+    """Why megatron-core refuses `overlap_moe_expert_parallel_comm` for `layout`, or None.
+
+    Its TransformerConfig asserts expert parallelism (EP > 1), no full recompute, and the
+    interleaved schedule (VPP) when PP > 1: the combined 1F1B schedule that overlaps one
+    micro-batch's all-to-alls with another's compute exists only there.
+    """
+    if layout.ep == 1:
+        return "moe_a2a_overlap needs EP > 1"
+    if layout.recompute == Recompute.full:
+        return "moe_a2a_overlap needs recompute other than full"
+    if layout.pp > 1 and layout.vpp == 1:
+        return "moe_a2a_overlap needs VPP > 1 when PP > 1"
+    return None
 
 
 def exposed_a2a_s(a2a: float, window: float, overlap: bool, cost: float) -> float:

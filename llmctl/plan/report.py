@@ -44,6 +44,7 @@ def result_dict(res: PlanResult) -> dict[str, Any]:
         "world_size": inp.cluster.world_size,
         "global_batch_size": inp.run.global_batch_size,
         "compute_dtype": inp.run.compute_dtype,
+        "moe_a2a_overlap": inp.run.moe_a2a_overlap if inp.model.is_moe else None,
         "model_flops_per_step": step_flops(inp.model, inp.run.global_batch_size),
         "usable_gib": res.usable_gib,
         "num_candidates": res.num_candidates,

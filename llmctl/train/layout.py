@@ -32,6 +32,8 @@ class TrainLayout:
     sequence_parallel: bool
     recompute: str
     optimizer_sharding: str
+    moe_a2a_overlap: bool = False
+    """megatron-core `overlap_moe_expert_parallel_comm` (`parallel.moe_a2a_overlap`)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "cp", "ep", "dp", "micro_batch_size", "global_batch_size"):
@@ -120,9 +122,41 @@ def resolve_layout(
         optimizer_sharding=_enum_value(
             _pick(p.optimizer_sharding, planned, "optimizer_sharding", "none")
         ),
+        moe_a2a_overlap=bool(p.moe_a2a_overlap),
     )
     check_layout_fits_model(layout, cfg.model)
+    check_moe_overlap(layout)
     return layout
+
+
+def check_moe_overlap(layout: TrainLayout) -> None:
+    """Refuse, before launch, a layout megatron-core refuses `overlap_moe_expert_parallel_comm`
+    for (the planner's `moe.overlap_refusal`, the same rules as its TransformerConfig).
+
+    Raises:
+        UserError: naming the layout field to change.
+    """
+    if not layout.moe_a2a_overlap:
+        return
+    from llmctl.plan import Layout, Recompute
+    from llmctl.plan.moe import overlap_refusal
+
+    why = overlap_refusal(
+        Layout(
+            tp=layout.tp,
+            pp=layout.pp,
+            vpp=layout.vpp or 1,
+            cp=layout.cp,
+            ep=layout.ep,
+            dp=layout.dp,
+            recompute=Recompute(layout.recompute),
+        )
+    )
+    if why:
+        raise UserError(
+            f"parallel.{why} (megatron-core); change the layout or set "
+            "parallel.moe_a2a_overlap=false"
+        )
 
 
 def _sequence_parallel(cfg: Any, planned: dict[str, Any], tp: int) -> bool:

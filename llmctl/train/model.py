@@ -39,6 +39,14 @@ def _recompute_kwargs(layout: TrainLayout) -> dict[str, Any]:
     return {}
 
 
+def _moe_overlap_kwargs(layout: TrainLayout) -> dict[str, Any]:
+    """`parallel.moe_a2a_overlap`: megatron-core's overlap_moe_expert_parallel_comm, which
+    its TransformerConfig accepts only with the all-to-all (or flex) token dispatcher."""
+    if not getattr(layout, "moe_a2a_overlap", False):
+        return {}
+    return {"overlap_moe_expert_parallel_comm": True, "moe_token_dispatcher_type": "alltoall"}
+
+
 def _device_kwargs(model: Any, *, on_gpu: bool, use_te: bool) -> dict[str, Any]:
     """Fusions, init placement and pipeline p2p mode.
 
@@ -120,6 +128,7 @@ def transformer_config(
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
+        **_moe_overlap_kwargs(layout),
         sequence_parallel=layout.sequence_parallel,
         pipeline_dtype=prec["params_dtype"] if layout.pp > 1 else None,
         deallocate_pipeline_outputs=True,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmctl.config.planning import loss_balanced_stage_layers
+from llmctl.errors import UserError
 from llmctl.train.data import DataSpec, resolve_data
 from llmctl.train.layout import TrainLayout, resolve_layout
 from llmctl.train.precision import PrecisionRecipe, check_precision
@@ -40,6 +41,11 @@ def preflight(
     """
     layout = resolve_layout(cfg, world_size, planned)
     on_gpu = str(cfg.cluster.device) == "cuda"
+    if layout.moe_a2a_overlap and not on_gpu:
+        raise UserError(
+            "parallel.moe_a2a_overlap=true needs CUDA: megatron-core overlaps the MoE "
+            "all-to-alls on CUDA streams; set parallel.moe_a2a_overlap=false on a CPU cluster"
+        )
     recipe = check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
     loss_balanced_stage_layers(cfg, layout)  # the planner's split must be buildable
     return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))

@@ -28,3 +28,30 @@ def test_nemo_mixtral_layout_fits_and_ranks_in_the_top_10() -> None:
     rank = next(i for i, e in enumerate(res.ranked, 1) if e.layout == ev.layout)
     assert rank <= 10, [e.layout.short() for e in res.ranked[:rank]]
     assert all(e.layout.ep > 1 for e in res.ranked[:10])  # expert parallelism pays
+
+
+def test_recipe_moe_a2a_overlap_override_hides_the_all_to_alls() -> None:
+    """`parallel.moe_a2a_overlap` from a recipe reaches the step time, `--json` and the search:
+    on, the all-to-alls of the NeMo layout are hidden under compute (less exposed MoE comm,
+    at most the compute that hides it), and the search keeps only layouts megatron-core runs
+    the overlap on (its TransformerConfig rules: tests/unit/train/test_moe_overlap_config.py)."""
+    from llmctl.config.planning import plan_config
+    from llmctl.plan.moe import overlap_refusal
+    from llmctl.plan.report import result_dict
+
+    fixed = ["parallel.tp=1", "parallel.pp=4", "parallel.vpp=8", "parallel.ep=8"]
+    fixed += ["parallel.micro_batch_size=1", "parallel.recompute=none"]
+    off = plan_config(compose(RECIPE, fixed))
+    on = plan_config(compose(RECIPE, [*fixed, "parallel.moe_a2a_overlap=true"]))
+    assert off.best and on.best and off.best.layout == on.best.layout
+    t_off, t_on = off.best.time, on.best.time
+    assert result_dict(off)["moe_a2a_overlap"] is False and result_dict(on)["moe_a2a_overlap"]
+    assert 0.0 < t_on.moe_comm_s < 0.5 * t_off.moe_comm_s
+    assert t_on.moe_comm_s >= t_off.moe_comm_s - t_on.compute_s
+    assert t_on.total_s < t_off.total_s
+    searched = plan_config(compose(RECIPE, ["parallel.moe_a2a_overlap=true"]))
+    assert searched.ranked and all(overlap_refusal(e.layout) is None for e in searched.ranked)
+    assert {r.reason for r in searched.rejections} >= {
+        "moe_a2a_overlap needs EP > 1",
+        "moe_a2a_overlap needs recompute other than full",
+    }
