@@ -31,7 +31,13 @@ OVERHEAD_KNOBS: tuple[Knob, ...] = (
     ("chunk_overhead_us", 0.0, 50000.0),
     ("step_overhead_s", 0.0, 2.0),
 )
-_SCALED = ("layer_overhead_us", "chunk_overhead_us", "step_overhead_s", "elementwise_passes")
+_SCALED = (
+    "layer_overhead_us",
+    "chunk_overhead_us",
+    "step_overhead_s",
+    "elementwise_passes",
+    "p2p_latency_us",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

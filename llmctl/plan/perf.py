@@ -462,10 +462,14 @@ def _common(
             key=lambda s: s.total,
         )
     bubble = (pp - 1) / layout.vpp * slot.total
+    if pp > 1 and not layout.loss_balanced:
+        bubble = _fill_drain_s(model, cluster, run, layout, split)
     if pp == 1:
         return slot, bubble, 0.0
     m = layout.num_microbatches(run.global_batch_size)
-    msg = layout.micro_batch_size * model.seq_length / layout.cp * model.hidden_size * 2.0
+    # megatron-core sends activations in `pipeline_dtype`: fp32 in fp32 runs, else 16-bit.
+    act_bytes = 4.0 if run.compute_dtype == "fp32" else 2.0
+    msg = layout.micro_batch_size * model.seq_length / layout.cp * model.hidden_size * act_bytes
     gather = 0.0
     if not layout.sequence_parallel and cluster.efficiency.p2p_scatter_gather:
         # 2022 Megatron-LM's scatter_gather_tensors_in_pipeline: each TP rank sends 1/TP of
@@ -473,7 +477,7 @@ def _common(
         gather = ring_time(cluster, layout.tp, layout.tp, msg)
     msg /= layout.tp if layout.sequence_parallel or gather else 1
     bw, lat = _link(cluster, 2 * layout.tp * layout.cp * layout.dp)
-    one = msg / bw + lat + gather
+    one = msg / bw + lat + cluster.efficiency.p2p_latency_us * 1e-6 + gather
     # megatron-core overlaps p2p only in the interleaved schedule: the 1F1B schedule without
     # VPP refuses `overlap_p2p_comm` ("Non-interleaved pipeline parallelism does not support
     # overlapping p2p communication"), so there every send/receive waits.
@@ -481,6 +485,21 @@ def _common(
     steady = 2.0 * m * layout.vpp * one * (1.0 - hidden)
     tied = _tied_embedding_allreduce_s(model, cluster, run, layout)
     return slot, bubble, 2.0 * (pp - 1) * one + steady + tied
+
+
+def _fill_drain_s(
+    model: ModelSpec, cluster: ClusterSpec, run: RunSpec, layout: Layout, split: StageSplit
+) -> float:
+    """The pipeline bubble of stages of unequal time: the first micro-batch's forwards and
+    the last one's backwards on every stage but the bottleneck, so the other stages' slots
+    (/ vpp), not pp - 1 bottleneck slots (equal when the stages are; PP=2 with the loss on
+    the last stage: the first stage's slot, measured on CPU runs, docs/planner.md)."""
+    first = _slot(model, cluster, run, layout, split.first, False).total
+    last = _slot(model, cluster, run, layout, split.last, True).total
+    stages = [first, last] + [_slot(model, cluster, run, layout, split.middle, False).total] * (
+        layout.pp - 2
+    )
+    return (sum(stages) - max(stages)) / layout.vpp
 
 
 def _tied_embedding_allreduce_s(

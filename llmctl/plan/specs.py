@@ -80,6 +80,10 @@ class Efficiency:
     """1 for 2022 Megatron-LM's `scatter_gather_tensors_in_pipeline` (on by default there;
     megatron-core has no such option, so 0): without sequence parallelism each TP rank sends
     1/TP of the boundary activation to the next stage, which all-gathers it over NVLink."""
+    p2p_latency_us: float = 0.0
+    """Fixed microseconds per pipeline send/receive on top of the link's own latency. 0 on
+    GPUs (NCCL's latency is the link's); on CPU ranks, gloo's TCP round trip and megatron-core's
+    p2p bookkeeping, run on the cores that compute (~0.9 ms per message here)."""
 
     def __post_init__(self) -> None:
         for name in ("attention", "link"):
@@ -93,6 +97,7 @@ class Efficiency:
             "layer_overhead_us",
             "chunk_overhead_us",
             "cp_step_overhead_us",
+            "p2p_latency_us",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"efficiency.{name} must be >= 0, got {getattr(self, name)}")

@@ -117,6 +117,9 @@ class StepMetrics:
     """Load-corrected / wall step time (`cpu_share`, from Linux schedstat; 1.0 on an otherwise
     idle host): `step_time_s * cpu_share` is the step time with the ranks' waits for a CPU
     taken out, the figure `plan --calibrate` fits."""
+    rank_cpu: list[list[float]] | None = None
+    """Per rank, its training thread's (seconds on a CPU, seconds blocked on other ranks,
+    CPU share) of this step (`rank_times`; CPU runs only): what `cpu_share` is made of."""
     time: float = field(default_factory=time.time)
 
 

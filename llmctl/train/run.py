@@ -89,6 +89,7 @@ class _Observer:
         self.val_losses: dict[int, float] = {}
         self.peak_mem_gib: float | None = None
         self.cpu_share: float | None = None
+        self.rank_cpu: list[list[float]] | None = None
         self.metrics = MetricsLog(run_dir / "metrics.jsonl") if self.rank0 else None
         mem_label = "GPU mem GiB" if on_gpu else "host RSS GiB"
         title = f"llmctl train: {cfg.recipe or cfg.model.name}"
@@ -128,6 +129,7 @@ class _Observer:
             consumed_samples=consumed,
             val_loss=val_loss,
             cpu_share=self.cpu_share,
+            rank_cpu=self.rank_cpu,
         )
         self._write_metrics(asdict(m))
         if self.wandb is not None:
@@ -220,19 +222,22 @@ def train(
 
 def _cpu_share(
     wall_s: float, mine: tuple[float, float, float] | None, on_gpu: bool
-) -> float | None:
-    """`metrics.cpu_share` of this step; with several CPU ranks their `rank_times` are
-    gathered first (one small gloo all-gather per step, outside the timed step)."""
+) -> tuple[float | None, list[list[float]] | None]:
+    """(`metrics.cpu_share`, `metrics.rank_cpu`) of this step; with several CPU ranks their
+    `rank_times` are gathered first (one small gloo all-gather per step, outside the timed
+    step)."""
     import torch
     import torch.distributed as dist
 
     if on_gpu or not dist.is_initialized() or dist.get_world_size() == 1:
-        return cpu_share(wall_s, [mine]) if mine else None
+        return (cpu_share(wall_s, [mine]), [list(mine)]) if mine else (None, None)
     row = torch.tensor(mine or (0.0, 0.0, 0.0), dtype=torch.float64)
     rows = [torch.zeros_like(row) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, row)
     ranks = [(r[0].item(), r[1].item(), r[2].item()) for r in rows]
-    return None if any(r[0] <= 0 for r in ranks) else cpu_share(wall_s, ranks)
+    if any(r[0] <= 0 for r in ranks):
+        return None, None
+    return cpu_share(wall_s, ranks), [list(r) for r in ranks]
 
 
 def _train_loop(
@@ -266,7 +271,7 @@ def _train_loop(
                 loss, grad_norm = trainer.train_step()
                 trainer.sync()
                 dt = time.perf_counter() - t0
-                obs.cpu_share = _cpu_share(dt, rank_times(dt, s0, sched_ns()), on_gpu)
+                obs.cpu_share, obs.rank_cpu = _cpu_share(dt, rank_times(dt, s0, sched_ns()), on_gpu)
                 step = trainer.state.step
                 val = None
                 if t.eval_interval > 0 and (step % t.eval_interval == 0 or step == t.train_iters):

@@ -170,7 +170,11 @@ def test_step_time_terms() -> None:
     assert a.time.bubble_s == 0 < c.time.bubble_s < b.time.bubble_s
     m = b.layout.num_microbatches(RUN.global_batch_size)
     slot = (b.time.compute_s + b.time.tp_comm_s) / m
-    assert b.time.bubble_s == pytest.approx(3 * slot)
+    # 1F1B: the fill and drain run on the 3 stages other than the bottleneck (the last: its
+    # 8 layers and the output layer), so 3 lighter slots; equal (loss-balanced) stages: 3.
+    assert 2 * slot < b.time.bubble_s < 3 * slot
+    bal = evaluate(inp, replace(b.layout, loss_balanced=True))
+    assert bal.time.bubble_s == pytest.approx(3 * (bal.time.compute_s + bal.time.tp_comm_s) / m)
     full = evaluate(inp, Layout(dp=64, micro_batch_size=1, recompute=Recompute.full))
     assert full.time.compute_s > a.time.compute_s
     assert full.rates.tflops_per_gpu < a.rates.tflops_per_gpu
