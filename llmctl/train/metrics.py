@@ -75,18 +75,21 @@ def rank_times(
 def cpu_share(wall_s: float, ranks: list[tuple[float, float, float]]) -> float | None:
     """Load-corrected step time / wall step time, from every rank's `rank_times`.
 
-    Why: on a shared host a step stretches by the time ranks waited for a CPU. Each rank's
-    step without those waits is its CPU seconds plus its blocked seconds shrunk by the CPU
-    share of the ranks it waited for (their work was stretched alike); the step is the
-    longest of these. One rank: its CPU seconds. On an idle host the share is 1.
+    Why: on a shared host a step stretches by the time ranks waited for a CPU. The step
+    without those waits is that of the rank that computes the most (the bottleneck: the most
+    CPU seconds): its CPU seconds plus its blocked seconds shrunk by the lowest CPU share of
+    the other ranks (the work it waited for was stretched alike). One rank: its CPU seconds.
+    On an idle host the share is 1. Not the longest of every rank's such step: a rank that
+    mostly waits for the bottleneck carries the bottleneck's whole stretch in its blocked
+    seconds, and on a loaded 2-core host that over-corrected PP=2 and DP=2 steps by up to
+    25 % (docs/planner.md, Calibration).
     """
     if not ranks or wall_s <= 0:
         return None
-    steps = []
-    for i, (run, blocked, _) in enumerate(ranks):
-        others = [share for j, (_, _, share) in enumerate(ranks) if j != i]
-        steps.append(run + blocked * (min(others) if others else 1.0))
-    return min(1.0, max(steps) / wall_s)
+    i = max(range(len(ranks)), key=lambda k: ranks[k][0])
+    run, blocked, _ = ranks[i]
+    others = [share for j, (_, _, share) in enumerate(ranks) if j != i]
+    return min(1.0, (run + blocked * (min(others) if others else 1.0)) / wall_s)
 
 
 def peak_tflops_for(cluster: ClusterConfig, dtype: str) -> float | None:
