@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
 import os
 import shutil
 import time
@@ -46,6 +45,7 @@ from llmctl.data.minhash import (
     ShingleUnit,
     band_keys,
     candidate_probability,
+    fmix64,
     hash_documents,
     normalized_digests,
     shingle_hashes,
@@ -75,6 +75,7 @@ from llmctl.data.readers import (
     iter_documents,
     plan_chunks,
 )
+from llmctl.data.shinglesets import ShingleSets, sorted_unique
 from llmctl.data.unionfind import components
 from llmctl.errors import UserError
 
@@ -264,6 +265,8 @@ def run_signatures(
             r = signature_shard(c, cfg, work_dir)
             on_progress(r["docs"], r["bytes"])
         return
+    import multiprocessing as mp
+
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(num_workers, _init, (cfg, str(work_dir))) as pool:
         for r in pool.imap_unordered(_task, todo):
@@ -358,22 +361,24 @@ def lsh_edges(keys: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndar
     if not src_parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     src, dst = np.concatenate(src_parts), np.concatenate(dst_parts)
-    pairs = np.unique(np.stack([np.minimum(src, dst), np.maximum(src, dst)], axis=1), axis=0)
-    return pairs[:, 0], pairs[:, 1]
+    n = np.int64(len(keys))
+    pairs = sorted_unique(np.minimum(src, dst) * n + np.maximum(src, dst))
+    return pairs // n, pairs % n
 
 
-def shingle_sets(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, np.ndarray]:
-    """The unique shingle hashes of the `wanted` documents: from step 1's files when it kept
-    them (exact verification), else by reading and hashing those documents again."""
+def shingle_sets(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> ShingleSets:
+    """The shingle sets of the `wanted` documents (sorted distinct ids): from step 1's files
+    when it kept them (exact verification), else by reading and hashing those documents again."""
     if shards.shingles is None or shards.sh_off is None:
         return _rehash(shards, cfg, wanted)
-    out: dict[int, np.ndarray] = {}
-    for doc in (int(w) for w in wanted):
-        c = shards.chunk_of(doc)
-        local = doc - int(shards.doc_offsets[c])
-        off = shards.sh_off[c]
-        out[doc] = np.unique(shards.shingles[c][off[local] : off[local + 1]])
-    return out
+    chunk = np.searchsorted(shards.doc_offsets, wanted, side="right") - 1
+    parts = [ShingleSets.build(wanted[:0], np.zeros(0, np.uint32), np.zeros(0, np.int64))]
+    for c in sorted_unique(chunk).tolist():
+        local = wanted[chunk == c] - shards.doc_offsets[c]
+        parts.append(ShingleSets.from_runs(local, shards.shingles[c], shards.sh_off[c]))
+    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
+    hashes = np.concatenate([p.values for p in parts])
+    return ShingleSets(wanted, hashes, np.concatenate([[0], np.cumsum(lengths)]))
 
 
 def _chunk_texts(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, str]:
@@ -392,16 +397,17 @@ def _chunk_texts(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[i
     return out
 
 
-def _rehash(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, np.ndarray]:
+def _rehash(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> ShingleSets:
     texts = _chunk_texts(shards, cfg, wanted)
     ids = sorted(texts)
-    out: dict[int, np.ndarray] = {}
+    hashes, lengths = [np.zeros(0, np.uint32)], [np.zeros(0, np.int64)]
     for start in range(0, len(ids), 128):
         batch = ids[start : start + 128]
         h, off = shingle_hashes([texts[i] for i in batch], cfg.ngram, cfg.unit, cfg.normalization())
-        for j, i in enumerate(batch):
-            out[i] = np.unique(h[off[j] : off[j + 1]])
-    return out
+        hashes.append(h)
+        lengths.append(np.diff(off))
+    docs = np.array(ids, dtype=np.int64)
+    return ShingleSets.build(docs, np.concatenate(hashes), np.concatenate(lengths))
 
 
 def raw_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
@@ -451,27 +457,19 @@ def snippets(shards: Shards, cfg: DedupConfig, wanted: np.ndarray) -> dict[int, 
     return out
 
 
-def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    if not len(a) and not len(b):
-        return 1.0
-    inter = len(np.intersect1d(a, b, assume_unique=True))
-    return inter / (len(a) + len(b) - inter)
-
-
 def verify_edges(
     shards: Shards, cfg: DedupConfig, src: np.ndarray, dst: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+) -> tuple[np.ndarray, np.ndarray, ShingleSets | None]:
     """Keep the candidate edges whose similarity reaches the threshold."""
     if cfg.verify is Verify.NONE or not len(src):
-        return src, dst, {}
+        return src, dst, None
     if cfg.verify is Verify.SIGNATURE:
         assert shards.sig is not None
         est = np.mean(shards.sig[src] == shards.sig[dst], axis=1)
         keep = est >= cfg.threshold
-        return src[keep], dst[keep], {}
-    docs = shingle_sets(shards, cfg, np.unique(np.concatenate([src, dst])))
-    sims = np.array([_jaccard(docs[a], docs[b]) for a, b in zip(src, dst, strict=True)])
-    keep = sims >= cfg.threshold
+        return src[keep], dst[keep], None
+    docs = shingle_sets(shards, cfg, sorted_unique(np.concatenate([src, dst])))
+    keep = docs.jaccard(src, dst) >= cfg.threshold
     return src[keep], dst[keep], docs
 
 
@@ -491,13 +489,13 @@ class Clusters:
         return mask
 
 
-def cluster(shards: Shards, cfg: DedupConfig) -> tuple[Clusters, dict[int, np.ndarray]]:
+def cluster(shards: Shards, cfg: DedupConfig) -> tuple[Clusters, ShingleSets | None]:
     """Step 2: exact groups plus verified LSH candidates, joined into components."""
     n = shards.num_docs
     es, ed = exact_edges(shards.exact)
     if cfg.mode is DedupMode.FUZZY:
         es, ed = es[:0], ed[:0]
-    docs: dict[int, np.ndarray] = {}
+    docs: ShingleSets | None = None
     fs, fd = np.zeros(0, np.int64), np.zeros(0, np.int64)
     num_candidates = 0
     if cfg.mode is not DedupMode.EXACT and shards.keys is not None:
@@ -524,19 +522,28 @@ def _wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def seeded_sample(ids: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """Up to `size` of `ids` (distinct non-negative ints), uniformly without replacement: the
+    ones whose seeded murmur3 mix is smallest (a bijection, so a random order of the ids);
+    avoids importing numpy.random (~15 ms of start-up)."""
+    if len(ids) <= size:
+        return ids
+    with np.errstate(over="ignore"):
+        mixed = fmix64(ids.astype(np.uint64) ^ fmix64(np.array([seed], dtype=np.uint64)))
+    return ids[np.sort(np.argpartition(mixed, size)[:size])]
+
+
 def estimate_precision(
-    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: dict[int, np.ndarray]
+    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: ShingleSets | None
 ) -> dict[str, Any]:
     """Share of fuzzily removed documents whose true Jaccard with the kept one >= threshold."""
     removed = np.flatnonzero(~clusters.keep)
     fuzzy = np.setdiff1d(removed, clusters.exact_dups)
-    rng = np.random.default_rng(cfg.seed)
-    sample = rng.choice(fuzzy, size=min(cfg.precision_sample, len(fuzzy)), replace=False)
-    need = np.unique(np.concatenate([sample, clusters.labels[sample]]))
-    missing = np.array([d for d in need if int(d) not in docs], dtype=np.int64)
-    if len(missing):
-        docs.update(shingle_sets(shards, cfg, missing))
-    sims = [_jaccard(docs[int(d)], docs[int(clusters.labels[d])]) for d in sample]
+    sample = seeded_sample(fuzzy, cfg.precision_sample, cfg.seed)
+    need = sorted_unique(np.concatenate([sample, clusters.labels[sample]]))
+    if docs is None or not docs.covers(need):
+        docs = shingle_sets(shards, cfg, need)
+    sims = docs.jaccard(sample, clusters.labels[sample]).tolist() if len(sample) else []
     hits = sum(s >= cfg.threshold for s in sims)
     low, high = _wilson(hits, len(sims))
     return {
@@ -547,11 +554,18 @@ def estimate_precision(
     }
 
 
-def _examples(
-    shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: dict[int, np.ndarray]
-) -> list[dict[str, Any]]:
+def _counts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values, ascending, and how often each occurs (np.unique's counts, sorting)."""
+    s = np.sort(x)
+    if not len(s):
+        return s, np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+    return s[starts], np.diff(starts, append=len(s))
+
+
+def _examples(shards: Shards, cfg: DedupConfig, clusters: Clusters) -> list[dict[str, Any]]:
     labels = clusters.labels
-    reps, sizes = np.unique(labels[~clusters.keep], return_counts=True)
+    reps, sizes = _counts(labels[~clusters.keep])
     top = reps[np.argsort(-sizes, kind="stable")][: cfg.num_examples]
     text = snippets(shards, cfg, top)
     out = []
@@ -597,14 +611,14 @@ def build_report(
     shards: Shards,
     cfg: DedupConfig,
     clusters: Clusters,
-    docs: dict[int, np.ndarray],
+    docs: ShingleSets | None,
     started: float,
 ) -> DedupReport:
     """Counts, examples and the precision estimate."""
     keep = clusters.keep
     removed = int((~keep).sum())
     num_exact = len(clusters.exact_dups) if cfg.mode is not DedupMode.FUZZY else 0
-    _, sizes = np.unique(clusters.labels[~keep], return_counts=True)
+    _, sizes = _counts(clusters.labels[~keep])
     precision: dict[str, Any] = {"num_checked": 0, "precision": None}
     if cfg.mode is not DedupMode.EXACT:
         precision = estimate_precision(shards, cfg, clusters, docs)
@@ -622,7 +636,7 @@ def build_report(
         num_candidates=clusters.num_candidates,
         num_verified=clusters.num_verified,
         precision=precision,
-        examples=_examples(shards, cfg, clusters, docs),
+        examples=_examples(shards, cfg, clusters),
         params=cfg.params(),
         problems=shards.problems.as_dict(),
         output_dir=None if cfg.dry_run else cfg.output_dir,

@@ -214,9 +214,12 @@ def _join(texts: list[str], table: bytes | None = None) -> tuple[bytes, np.ndarr
 
 
 def _prefix(data: np.ndarray) -> np.ndarray:
+    """C[0] = 0, C[j+1] = sum_{i<=j} data[i] * P**-i (one buffer, filled in place)."""
     _POWERS.ensure(len(data) + 1)
-    c = np.zeros(len(data) + 1, dtype=np.uint64)
-    np.cumsum(np.multiply(data, _POWERS.neg[: len(data)]), out=c[1:])
+    c = np.empty(len(data) + 1, dtype=np.uint64)
+    c[0] = 0
+    np.multiply(data, _POWERS.neg[: len(data)], out=c[1:])
+    np.cumsum(c, out=c)
     return c
 
 
@@ -286,8 +289,9 @@ def _word_grams(
         edges = np.concatenate([edges, [len(space)]])
     ws, we = edges[0::2], edges[1::2]
     wh = fmix64(_range_hash(c, ws, we))
-    wdoc = np.searchsorted(bounds[:, 1], ws, side="right")
-    nwords = np.bincount(wdoc, minlength=len(bounds))
+    # documents are separated by whitespace, so each one's words are a contiguous run
+    nwords = np.diff(np.searchsorted(ws, bounds[:, 0]), append=len(ws))
+    wdoc = np.repeat(np.arange(len(bounds)), nwords)
     if len(wh) >= n:
         g = wh[: len(wh) - n + 1] * _GRAM_MULT[0]
         for k in range(1, n):
