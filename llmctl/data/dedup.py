@@ -4,7 +4,7 @@ Three steps, each a function the SLURM path also runs as its own job:
 
 1. `signature_shard` (per chunk, in parallel): read the chunk's documents (the only time
    they are parsed), hash each normalised text (xxh3-128) for exact dedup, compute MinHash
-   signatures and LSH band keys, save them as one `.npz` per chunk, and with exact
+   signatures and LSH band keys, save them as one `.arrays` file per chunk, and with exact
    verification the shingle hashes as `.shingles.npy`. Memory: one chunk.
 2. `cluster` (once): exact duplicates and LSH buckets give candidate edges; candidates are
    verified (`none`, `signature`: estimated Jaccard, `exact`: true Jaccard of the shingle
@@ -188,7 +188,7 @@ _RUN_ONLY = {
 
 
 def signature_shard(chunk: Chunk, cfg: DedupConfig, work_dir: Path) -> dict[str, Any]:
-    """Hash one chunk's documents into `sig_<index>.npz`; return its counts.
+    """Hash one chunk's documents into `sig_<index>.arrays`; return its counts.
 
     The chunk is read once: exact hashes, MinHash signatures, LSH keys and (with exact
     verification) the shingle hashes, kept in `sig_<index>.shingles.npy` so that verification
@@ -218,9 +218,7 @@ def signature_shard(chunk: Chunk, cfg: DedupConfig, work_dir: Path) -> dict[str,
         if hashed.shingles is not None and hashed.offsets is not None:
             arrays["sh_off"] = hashed.offsets
             _save_npy(work_dir / f"sig_{chunk.index:06d}.shingles.npy", hashed.shingles)
-    tmp = work_dir / f"sig_{chunk.index:06d}.tmp.npz"
-    np.savez(tmp, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, work_dir / f"sig_{chunk.index:06d}.npz")
+    _save_arrays(work_dir / f"sig_{chunk.index:06d}.arrays", arrays)
     result: dict[str, Any] = {"index": chunk.index, "docs": len(texts), "bytes": chunk.num_bytes}
     result["problems"] = log.as_dict()
     write_json_atomic(work_dir / f"sig_{chunk.index:06d}.done.json", result)
@@ -230,6 +228,23 @@ def signature_shard(chunk: Chunk, cfg: DedupConfig, work_dir: Path) -> dict[str,
 def exact_hashes(texts: list[str], norm: Normalization) -> np.ndarray:
     """(len(texts), 2) uint64: xxh3-128 of each normalised text."""
     return normalized_digests(texts, norm)
+
+
+def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Named arrays as consecutive `.npy` records, the names first (like `.npz`, without
+    zipfile's import and archive), written under a temporary name and renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, np.array(list(arrays)))
+        for a in arrays.values():
+            np.save(f, a)
+    os.replace(tmp, path)
+
+
+def _load_arrays(path: Path) -> dict[str, np.ndarray]:
+    with open(path, "rb") as f:
+        names = np.load(f).tolist()
+        return {name: np.load(f) for name in names}
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -307,8 +322,8 @@ class Shards:
 
 
 def load_shards(chunks: list[Chunk], work_dir: Path) -> Shards:
-    """Read every chunk's `.npz` (the step 1 outputs)."""
-    parts = [np.load(work_dir / f"sig_{c.index:06d}.npz") for c in chunks]
+    """Read every chunk's arrays (the step 1 outputs)."""
+    parts = [_load_arrays(work_dir / f"sig_{c.index:06d}.arrays") for c in chunks]
     counts = [len(p["lines"]) for p in parts]
     log = ProblemLog()
     for c in chunks:
@@ -339,10 +354,15 @@ def exact_edges(exact: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Edges (first occurrence, later copy) for identical normalised texts."""
     if not len(exact):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    _, first, inverse = np.unique(exact, axis=0, return_index=True, return_inverse=True)
-    rep = first[inverse.reshape(-1)]
+    order = np.lexsort((exact[:, 1], exact[:, 0]))  # stable: equal rows by position
+    rows = exact[order]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = np.any(rows[1:] != rows[:-1], axis=1)
+    first = order[np.maximum.accumulate(np.where(new, np.arange(len(rows)), 0))]
+    rep = np.empty(len(exact), dtype=np.int64)
+    rep[order] = first
     dup = np.flatnonzero(rep != np.arange(len(exact)))
-    return rep[dup].astype(np.int64), dup.astype(np.int64)
+    return rep[dup], dup.astype(np.int64)
 
 
 def lsh_edges(keys: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -537,8 +557,9 @@ def estimate_precision(
     shards: Shards, cfg: DedupConfig, clusters: Clusters, docs: ShingleSets | None
 ) -> dict[str, Any]:
     """Share of fuzzily removed documents whose true Jaccard with the kept one >= threshold."""
-    removed = np.flatnonzero(~clusters.keep)
-    fuzzy = np.setdiff1d(removed, clusters.exact_dups)
+    fuzzy_mask = ~clusters.keep
+    fuzzy_mask[clusters.exact_dups] = False
+    fuzzy = np.flatnonzero(fuzzy_mask)
     sample = seeded_sample(fuzzy, cfg.precision_sample, cfg.seed)
     need = sorted_unique(np.concatenate([sample, clusters.labels[sample]]))
     if docs is None or not docs.covers(need):

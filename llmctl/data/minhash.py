@@ -163,12 +163,13 @@ def _squeeze(
 ) -> tuple[bytes, np.ndarray, np.ndarray]:
     """Space runs to one space, no space at either end of a document (`" ".join(s.split())`)."""
     arr = np.frombuffer(joined, dtype=np.uint8)
-    space = arr == 32
-    keep = ~(space & np.concatenate([[True], space[:-1]]))
-    kept = np.zeros(len(arr) + 1, dtype=np.int64)
-    np.cumsum(keep, out=kept[1:])
-    squeezed = arr[keep]
-    s, e = kept[starts], kept[ends]
+    drop = arr == 32
+    if len(drop) > 1:
+        drop[1:] &= arr[:-1] == 32  # a space after a space; a leading space goes too
+    removed = np.flatnonzero(drop)  # few: counting them beats a prefix sum over every byte
+    squeezed = arr[~drop]
+    s = starts - np.searchsorted(removed, starts)
+    e = ends - np.searchsorted(removed, ends)
     if not len(squeezed):
         return b"", s, e
     nonempty = s < e
