@@ -1,6 +1,7 @@
 """Issue 12, finding 7: `llmctl data dedup` starts light: no torch, megatron, transformers,
-scipy or tokenizer libraries, no pydantic or config stack, and no other command's CLI module are
-imported (checked with `python -X importtime`)."""
+scipy or tokenizer libraries, no pydantic or config stack, no other command's CLI module, and
+none of numpy.random, numpy.ma, zipfile or multiprocessing are imported (checked with
+`python -X importtime`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def test_dedup_command_imports_no_heavy_library(tmp_path: Path) -> None:
     modules = {name.split(".")[0] for name in names}
     assert "numpy" in modules  # the parse worked
     assert not modules & HEAVY, sorted(modules & HEAVY)
+    # start-up the dedup path does not need: numpy's random and masked-array packages (via
+    # np.random.default_rng, np.unique), zipfile (.npz) and multiprocessing with one worker
+    avoidable = {"numpy.random", "numpy.ma", "zipfile", "multiprocessing"}
+    assert not names & avoidable, sorted(names & avoidable)
     cli = {name for name in names if name.startswith("llmctl.cli.")}
     assert "llmctl.cli.main" in cli, sorted(cli)
     assert cli <= {"llmctl.cli.main", "llmctl.cli.lazy", "llmctl.cli.data"}, sorted(cli)
