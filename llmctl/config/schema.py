@@ -169,6 +169,11 @@ class ParallelConfig:
     vpp: int | None = doc(None, "Virtual pipeline stages per rank (interleaved 1F1B).")
     cp: int | None = doc(None, "Context-parallel size (splits the sequence).")
     ep: int | None = doc(None, "Expert-parallel size (MoE only).")
+    etp: int | None = doc(
+        None,
+        "Expert tensor-parallel size (MoE only; megatron-core expert_tensor_parallel_size); "
+        "None = tp, its default; not searched.",
+    )
     dp: int | None = doc(None, "Data-parallel size; world / (tp*pp*cp) when searched.")
     micro_batch_size: int | None = doc(None, "Micro-batch size per rank.")
     sequence_parallel: bool | None = doc(None, "Sequence parallelism (needs tp > 1; GPU only).")

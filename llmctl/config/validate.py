@@ -74,7 +74,7 @@ def _validate_model(cfg: RootConfig) -> None:
 
 def _validate_parallel(cfg: RootConfig) -> None:
     p = cfg.parallel
-    for name in ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size"):
+    for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size"):
         value = getattr(p, name)
         if value is not None and value < 1:
             raise UserError(f"parallel.{name} must be >= 1, got {value}")

@@ -77,11 +77,18 @@ class Layout:
     recompute: Recompute = Recompute.none
     sharding: Sharding = Sharding.distributed
     loss_balanced: bool = False
+    etp: int = 0
+    """Expert tensor-parallel size (megatron-core `expert_tensor_parallel_size`); 0 = TP, its
+    default (normalised to 0 when equal to TP, so both spellings are one layout)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.upper()} must be >= 1, got {getattr(self, name)}")
+        if self.etp < 0:
+            raise ValueError(f"ETP must be >= 1 (or 0 = TP), got {self.etp}")
+        if self.etp == self.tp:
+            object.__setattr__(self, "etp", 0)
         if self.vpp > 1 and self.pp == 1:
             raise ValueError(f"VPP={self.vpp} needs PP > 1")
         if self.sequence_parallel and self.tp == 1:
@@ -91,6 +98,17 @@ class Layout:
     def world_size(self) -> int:
         """TP*PP*CP*DP (EP is carved out of DP*CP, as in Megatron)."""
         return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel size: `etp`, or TP when 0."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts (megatron-core's expert data-parallel size): the
+        TP*CP*DP ranks of a stage over EP*ETP (CP*DP/EP when ETP = TP)."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
     def num_microbatches(self, global_batch_size: int) -> int:
         """Micro-batches per step on each data-parallel rank."""
@@ -104,6 +122,8 @@ class Layout:
         parts += [f"CP{self.cp}"]
         if self.ep > 1:
             parts.append(f"EP{self.ep}")
+        if self.etp:
+            parts.append(f"ETP{self.etp}")
         parts += [f"DP{self.dp}", f"MBS{self.micro_batch_size}"]
         if self.sequence_parallel:
             parts.append("SP")
@@ -126,6 +146,7 @@ class Layout:
             "recompute": self.recompute.value,
             "optimizer_sharding": self.sharding.value,
             "loss_balanced": self.loss_balanced,
+            "etp": self.expert_tp,
         }
 
 

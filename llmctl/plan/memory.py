@@ -4,8 +4,9 @@ Why these terms (bytes per parameter, Megatron mixed precision with bf16/fp16 pa
 weights 2, gradients 4 (Megatron accumulates and reduces gradients in fp32 when training in
 bf16), optimizer 12 (fp32 master copy, Adam m and v). fp32 parameters: 4 + 4 + 8. The
 distributed optimizer shards the optimizer term over the data-parallel-with-context-parallel
-group (dp*cp ranks; dp*cp/ep for expert weights); full sharding (ZeRO-3, Megatron FSDP) also
-shards weights and gradients and keeps two layers gathered at a time.
+group (dp*cp ranks; expert weights over tp*cp*dp/(ep*etp), dp*cp/ep at megatron-core's default
+ETP = TP); full sharding (ZeRO-3, Megatron FSDP) also shards weights and gradients and keeps two
+layers gathered at a time.
 
 Activations per layer per micro-batch follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec.
 4), generalised to GQA, gated MLPs and models without dropout. With s = seq/cp, b = micro-
@@ -167,7 +168,14 @@ def _static(
     first, last = rank == 0, rank == pp - 1
     layers = split.first if first else (split.last if last else split.middle)
     params = stage_params(
-        model, tp=layout.tp, pp=pp, ep=layout.ep, layers=layers, first=first, last=last
+        model,
+        tp=layout.tp,
+        pp=pp,
+        ep=layout.ep,
+        layers=layers,
+        first=first,
+        last=last,
+        etp=layout.etp,
     )
     per_layer = layer_activation_bytes(
         model,
@@ -184,7 +192,7 @@ def _static(
         acts += _first_extra(model, layout) * held
     if last:
         acts += _last_extra(model, layout)
-    lp = layer_params(model, layout.tp, layout.ep).total
+    lp = layer_params(model, layout.tp, layout.ep, layout.etp).total
     frozen = embedding_params(model, layout.tp) if first and run.freeze_embeddings else 0
     return float(params.dense), float(params.expert), lp, layers, acts, float(frozen)
 
@@ -194,12 +202,13 @@ def _states(
     sharding: Sharding,
     static: tuple[float, float, int, int, float, float],
     shard: int,
-    ep: int,
+    expert_shard: int,
 ) -> tuple[float, float, float, float]:
-    """Bytes of (weights, grads, optimizer, fp8 buffers) for one sharding choice."""
+    """Bytes of (weights, grads, optimizer, fp8 buffers) for one sharding choice; expert
+    states shard over the expert data-parallel group (`Layout.expert_dp`)."""
     dense, expert, lp, layers, _, frozen = static
     wd, gd, od = state_bytes(run, sharding, shard)
-    we, ge, oe = state_bytes(run, sharding, max(1, shard // ep))
+    we, ge, oe = state_bytes(run, sharding, expert_shard)
     weights = dense * wd + expert * we
     grads = dense * gd + expert * ge
     optimizer = dense * od + expert * oe
@@ -248,7 +257,7 @@ def stage_terms(
     """Bytes of (weights, grads, optimizer, activations, fp8 buffers) on stage `rank`."""
     static = _static(model, run, layout, split, num_microbatches, rank)
     shard = layout.dp * layout.cp
-    w, g, o, f = _states(run, layout.sharding, static, shard, layout.ep)
+    w, g, o, f = _states(run, layout.sharding, static, shard, layout.expert_dp)
     return w, g, o, static[4], f
 
 
@@ -267,7 +276,8 @@ def peak_gib_options(
     shard, scale = layout.dp * layout.cp, (1.0 + cluster.fragmentation_fraction) / GIB
     fixed = cluster.cuda_context_gib + cluster.nccl_buffer_gib
     return [
-        max(sum(_states(run, sh, st, shard, layout.ep)) + st[4] for st in statics) * scale + fixed
+        max(sum(_states(run, sh, st, shard, layout.expert_dp)) + st[4] for st in statics) * scale
+        + fixed
         for sh in shardings
     ]
 

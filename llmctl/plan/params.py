@@ -6,8 +6,8 @@ test suite checks them against a real GPTModel): per layer two norms (weight, pl
 LayerNorm), fused QKV and output projection, fc1 (twice as wide for gated MLPs) and fc2.
 Column-parallel weights and biases are split over TP; row-parallel biases and norms are
 replicated. The word embedding and output layer are split over TP (vocab-parallel).
-MoE layers hold a router (replicated) and `num_experts / ep` experts split over TP
-(megatron's default expert tensor parallel size equals TP).
+MoE layers hold a router (replicated) and `num_experts / ep` experts split over the expert
+tensor-parallel size (megatron-core's default: TP).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def _norm(model: ModelSpec) -> int:
 
 
 @lru_cache(maxsize=4096)
-def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> LayerParams:
-    """Parameters of one layer held by one rank with tensor-parallel size `tp`."""
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 0) -> LayerParams:
+    """Parameters of one layer held by one rank with tensor-parallel size `tp` (experts split
+    over the expert tensor-parallel size `etp`, 0 = `tp`)."""
     h, d = model.hidden_size, model.kv_channels
     q, kv = model.num_attention_heads * d, 2 * model.num_query_groups * d
     bias = model.add_bias_linear
@@ -49,7 +50,7 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1) -> LayerParams:
         dense += (h * f * width + f * width * bias + f * h) // tp + h * bias
         return LayerParams(dense=dense, expert=0)
     f = model.expert_ffn
-    one_expert = (h * f * width + f * width * bias + f * h) // tp + h * bias
+    one_expert = (h * f * width + f * width * bias + f * h) // (etp or tp) + h * bias
     dense += h * model.num_experts
     return LayerParams(dense=dense, expert=one_expert * (model.num_experts // ep))
 
@@ -80,10 +81,18 @@ def total_params(model: ModelSpec) -> int:
 
 
 def stage_params(
-    model: ModelSpec, *, tp: int, pp: int, ep: int, layers: int, first: bool, last: bool
+    model: ModelSpec,
+    *,
+    tp: int,
+    pp: int,
+    ep: int,
+    layers: int,
+    first: bool,
+    last: bool,
+    etp: int = 0,
 ) -> LayerParams:
     """Parameters on one rank of a stage with `layers` transformer layers."""
-    lp = layer_params(model, tp, ep)
+    lp = layer_params(model, tp, ep, etp)
     dense = layers * lp.dense
     if first:
         dense += embedding_params(model, tp)

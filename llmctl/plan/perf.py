@@ -194,9 +194,18 @@ def _fwd_bwd(cluster: ClusterSpec, dtype: str, m: float, n: float, k: float, fwd
 
 @lru_cache(maxsize=65536)
 def layer_gemm_s(
-    model: ModelSpec, cluster: ClusterSpec, dtype: str, tokens: float, tp: int, ep: int, fwd: float
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    dtype: str,
+    tokens: float,
+    tp: int,
+    ep: int,
+    fwd: float,
+    etp: int = 0,
 ) -> float:
-    """GEMM seconds of one layer for `tokens` tokens on one TP rank (forward + backward)."""
+    """GEMM seconds of one layer for `tokens` tokens on one TP rank (forward + backward);
+    the experts split over `etp` ranks (0 = TP) that share the routed tokens of their
+    `etp` sequence-parallel shares, hence `tokens * etp / tp` at expert TP `etp`."""
     h, d = model.hidden_size, model.kv_channels
     q, kv = model.num_attention_heads * d, model.num_query_groups * d
     width = 2 if model.gated_mlp else 1
@@ -206,7 +215,8 @@ def layer_gemm_s(
         f = model.ffn_hidden_size
         t += _fwd_bwd(cluster, dtype, tokens, width * f / tp, h, fwd)
         return t + _fwd_bwd(cluster, dtype, tokens, h, f / tp, fwd)
-    return t + moe_terms.expert_gemm_s(model, cluster, dtype, tokens, tp, ep, fwd)
+    e = etp or tp
+    return t + moe_terms.expert_gemm_s(model, cluster, dtype, tokens * e / tp, e, ep, fwd)
 
 
 def _attention_s(
@@ -244,6 +254,7 @@ def _slot(
         lay.recompute,
         layers,
         last,
+        lay.etp,
     )
 
 
@@ -261,11 +272,13 @@ def _slot_cached(
     recompute: Recompute,
     layers: int,
     last: bool,
+    etp: int = 0,
 ) -> Slot:
     lay = Layout(
         tp=tp_size,
         cp=cp_size,
         ep=ep,
+        etp=etp,
         micro_batch_size=mbs,
         sequence_parallel=sp,
         recompute=recompute,
@@ -274,7 +287,7 @@ def _slot_cached(
     fl = token_flops(model)
     g_mul, c_mul = recompute_factor(fl, recompute)
     fwd = 2.0 if recompute == Recompute.full else 1.0
-    gemm = layers * layer_gemm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, fwd)
+    gemm = layers * layer_gemm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, fwd, etp)
     if last:
         gemm += _logits_s(model, cluster, run, tok, tp_size)
     core = _attention_s(model, cluster, run, lay, tok, c_mul)
@@ -285,7 +298,7 @@ def _slot_cached(
     eff = cluster.efficiency
     per_layer = eff.layer_overhead_us * fwd + eff.cp_step_overhead_us * (cp_size - 1)
     overhead = (layers * per_layer + vpp * eff.chunk_overhead_us) * 1e-6
-    tp = layers * _tp_comm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, sp, fwd)
+    tp = layers * _tp_comm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, sp, fwd, etp)
     kv = 2.0 * tok * model.num_query_groups * model.kv_channels * 2.0 / tp_size
     bw, lat = _link(cluster, tp_size * cp_size)
     ring = 3.0 * (cp_size - 1) * (kv / bw + lat) if cp_size > 1 else 0.0
@@ -326,6 +339,7 @@ def _tp_comm_s(
     ep: int,
     sp: bool,
     fwd: float,
+    etp: int = 0,
 ) -> float:
     """Exposed tensor-parallel communication seconds of one layer and micro-batch.
 
@@ -345,13 +359,19 @@ def _tp_comm_s(
     eff = cluster.efficiency
     unit = ring_time(cluster, tp, tp, tok * model.hidden_size * 2.0)
     exposed = (4.0 * fwd + (2.0 if sp else 0.0)) * unit * (1.0 - eff.tp_overlap)
-    window = column_bwd_gemm_s(model, cluster, dtype, tok, tp, ep)
+    window = column_bwd_gemm_s(model, cluster, dtype, tok, tp, ep, etp)
     return exposed + _exposed(4.0 * unit, window, eff.overlap_cost)
 
 
 @lru_cache(maxsize=65536)
 def column_bwd_gemm_s(
-    model: ModelSpec, cluster: ClusterSpec, dtype: str, tokens: float, tp: int, ep: int
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    dtype: str,
+    tokens: float,
+    tp: int,
+    ep: int,
+    etp: int = 0,
 ) -> float:
     """Backward GEMM seconds of one layer's column-parallel layers (QKV, fc1) on one TP rank:
     the compute that hides megatron-core's asynchronous backward TP collectives."""
@@ -361,7 +381,8 @@ def column_bwd_gemm_s(
     t = _fwd_bwd(cluster, dtype, tokens, (q + 2 * kv) / tp, h, 0.0)
     if not model.is_moe:
         return t + _fwd_bwd(cluster, dtype, tokens, width * model.ffn_hidden_size / tp, h, 0.0)
-    return t + moe_terms.expert_column_bwd_s(model, cluster, dtype, tokens, tp, ep)
+    e = etp or tp
+    return t + moe_terms.expert_column_bwd_s(model, cluster, dtype, tokens * e / tp, e, ep)
 
 
 @lru_cache(maxsize=65536)
@@ -384,14 +405,14 @@ def _dp_time(
     n = lay.dp * lay.cp
     if n == 1:
         return 0.0
-    p = rank_params(model, lay.tp, lay.pp, lay.ep, split)
+    p = rank_params(model, lay.tp, lay.pp, lay.ep, split, lay.etp)
     span = lay.tp * lay.cp * lay.dp
     wbytes = 1.0 if run.fp8_param_gather else BYTES[run.params_dtype]
     gbytes = BYTES[run.grad_reduce_dtype]
     rs = ring_time(cluster, n, span, p.dense * gbytes)
     ag = ring_time(cluster, n, span, p.dense * wbytes)
     if p.expert:
-        ne = max(1, n // lay.ep)
+        ne = lay.expert_dp
         rs += ring_time(cluster, ne, span, p.expert * gbytes)
         ag += ring_time(cluster, ne, span, p.expert * wbytes)
     cost = cluster.efficiency.overlap_cost
@@ -403,7 +424,9 @@ def _dp_time(
 
 
 @lru_cache(maxsize=65536)
-def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, split: StageSplit) -> LayerParams:
+def rank_params(
+    model: ModelSpec, tp: int, pp: int, ep: int, split: StageSplit, etp: int = 0
+) -> LayerParams:
     """Parameters of the rank that holds the most: the first stage adds the embeddings, the
     last the output layer (its own copy when tied and PP > 1). Its gradient reduce and
     optimizer step finish last, and the step waits for it."""
@@ -411,7 +434,7 @@ def rank_params(model: ModelSpec, tp: int, pp: int, ep: int, split: StageSplit) 
     if pp > 2:
         stages.append((split.middle, False, False))
     held = (
-        stage_params(model, tp=tp, pp=pp, ep=ep, layers=n, first=first, last=last)
+        stage_params(model, tp=tp, pp=pp, ep=ep, layers=n, first=first, last=last, etp=etp)
         for n, first, last in stages
     )
     return max(held, key=lambda p: p.total)
@@ -575,7 +598,7 @@ def _sharded(
 ) -> tuple[float, float]:
     """Seconds of (exposed DP communication, optimizer step) for `layout.sharding`."""
     dp = _dp_time(model, cluster, run, layout, split, slot_s, m)
-    owned = rank_params(model, layout.tp, layout.pp, layout.ep, split).total
+    owned = rank_params(model, layout.tp, layout.pp, layout.ep, split, layout.etp).total
     shard = layout.dp * layout.cp if layout.sharding != Sharding.none else 1
     # fp32 master read+write 8, Adam m and v read+write 16, gradient read, parameter write.
     per_param = 24.0 + BYTES[run.grad_dtype] + BYTES[run.params_dtype]

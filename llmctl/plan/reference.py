@@ -63,6 +63,7 @@ def row_layout(row: dict[str, Any]) -> Layout:
         vpp=row["vpp"],
         cp=row["cp"],
         ep=row.get("ep", 1),
+        etp=row.get("etp", 0),
         dp=dp,
         micro_batch_size=row["mbs"],
         sequence_parallel=row["sp"],

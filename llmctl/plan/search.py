@@ -120,14 +120,18 @@ def _cp_reason(inp: PlanInput, cp: int) -> str | None:
     return None
 
 
-def _ep_values(inp: PlanInput, dp: int, cp: int) -> tuple[list[int], str | None]:
+def _ep_values(inp: PlanInput, tp: int, dp: int, cp: int) -> tuple[list[int], str | None]:
+    """EP sizes megatron-core builds: EP divides the experts and EP*ETP the stage's TP*CP*DP
+    ranks (with the default ETP = TP: EP divides DP*CP)."""
     m, fixed = inp.model, inp.constraints.ep
     if not m.is_moe:
         return [1], None
+    etp = inp.constraints.etp or tp
     values = [fixed] if fixed else divisors(m.num_experts)
-    ok = [e for e in values if m.num_experts % e == 0 and (dp * cp) % e == 0]
+    ok = [e for e in values if m.num_experts % e == 0 and (tp * dp * cp) % (e * etp) == 0]
     if not ok:
-        return [], f"EP={values[0]} must divide {m.num_experts} experts and DP*CP = {dp * cp}"
+        e, n = values[0], tp * dp * cp
+        return [], f"EP={e} must divide {m.num_experts} experts, EP*ETP = {e}*{etp} TP*DP*CP = {n}"
     return ok, None
 
 
@@ -260,7 +264,7 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
     mbss = [c.micro_batch_size] if c.micro_batch_size else list(inp.search.micro_batch_sizes)
     overlap = inp.run.moe_a2a_overlap and inp.model.is_moe
     for tp, cp, pp, vpp, dp in _structures(inp, rej):
-        eps, reason = _ep_values(inp, dp, cp)
+        eps, reason = _ep_values(inp, tp, dp, cp)
         if reason:
             rej.add(reason)
         opts = _options(inp, tp, pp)
@@ -296,6 +300,7 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
                         sequence_parallel=sp,
                         recompute=rc,
                         loss_balanced=inp.search.balance_loss and pp > 1,
+                        etp=c.etp or 0,
                     )
                     if overlap and (why := overlap_refusal(base)):
                         rej.add(why)  # megatron-core refuses it (moe.overlap_refusal)

@@ -34,11 +34,15 @@ class TrainLayout:
     optimizer_sharding: str
     moe_a2a_overlap: bool = False
     """megatron-core `overlap_moe_expert_parallel_comm` (`parallel.moe_a2a_overlap`)."""
+    etp: int | None = None
+    """megatron-core `expert_tensor_parallel_size` (`parallel.etp`); None = TP."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "cp", "ep", "dp", "micro_batch_size", "global_batch_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.etp is not None and self.etp < 1:
+            raise UserError(f"parallel.etp must be >= 1 or null, got {self.etp}")
         if self.vpp is not None and self.vpp < 1:
             raise UserError(f"parallel.vpp must be >= 1 or null, got {self.vpp}")
         per_step = self.micro_batch_size * self.dp
@@ -123,6 +127,7 @@ def resolve_layout(
             _pick(p.optimizer_sharding, planned, "optimizer_sharding", "none")
         ),
         moe_a2a_overlap=bool(p.moe_a2a_overlap),
+        etp=_optional_int(_pick(p.etp, planned, "etp", None)),
     )
     check_layout_fits_model(layout, cfg.model)
     check_moe_overlap(layout)
@@ -157,6 +162,10 @@ def check_moe_overlap(layout: TrainLayout) -> None:
             f"parallel.{why} (megatron-core); change the layout or set "
             "parallel.moe_a2a_overlap=false"
         )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _sequence_parallel(cfg: Any, planned: dict[str, Any], tp: int) -> bool:

@@ -128,6 +128,7 @@ def transformer_config(
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=getattr(layout, "etp", None),
         **_moe_overlap_kwargs(layout),
         sequence_parallel=layout.sequence_parallel,
         pipeline_dtype=prec["params_dtype"] if layout.pp > 1 else None,

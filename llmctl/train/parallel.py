@@ -72,6 +72,7 @@ def init_model_parallel(layout: TrainLayout, seed: int, on_gpu: bool) -> None:
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
     )
     # One seed on every rank. Megatron's own trainer offsets it by 100*pp_rank; llmctl does
     # not, so the initial model does not depend on the PP split (see model.layer_spec).

@@ -56,9 +56,19 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 SEQ = 16
 LAYOUTS = ((1, 1), (2, 1), (1, 2))
+#: MoE layouts (TP, EP, ETP) on 2 ranks: experts split over ETP, not TP (Bridge's Qwen3 runs).
+EXPERT_LAYOUTS = ((2, 2, 1), (2, 1, 1), (1, 2, 1))
 
 
-def _build(shape: dict[str, Any], tp: int, pp: int, dtype: Any = None, keep: bool = False) -> int:
+def _build(
+    shape: dict[str, Any],
+    tp: int,
+    pp: int,
+    dtype: Any = None,
+    keep: bool = False,
+    ep: int = 1,
+    etp: int | None = None,
+) -> int:
     import torch
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
@@ -69,7 +79,12 @@ def _build(shape: dict[str, Any], tp: int, pp: int, dtype: Any = None, keep: boo
     from llmctl.train import cpu_compat
 
     ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
+    )
     cpu_compat.seed_model_parallel_rng(1234, ps.get_tensor_model_parallel_rank())
     norm = "RMSNorm" if shape["rmsnorm"] else "LayerNorm"
     cfg = TransformerConfig(
@@ -84,6 +99,8 @@ def _build(shape: dict[str, Any], tp: int, pp: int, dtype: Any = None, keep: boo
         add_bias_linear=shape["bias"],
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
         use_cpu_initialization=True,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,
@@ -130,6 +147,9 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
         for name, shape in SHAPES.items()
         for tp, pp in LAYOUTS
     }
+    for tp, ep, etp in EXPERT_LAYOUTS:
+        key = f"moe_top2/tp{tp}/ep{ep}/etp{etp}"
+        counts[key] = _build(SHAPES["moe_top2"], tp, 1, ep=ep, etp=etp)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
         json.dump(counts, fh)
     dist.destroy_process_group()

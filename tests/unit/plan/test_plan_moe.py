@@ -55,3 +55,34 @@ def test_recipe_moe_a2a_overlap_override_hides_the_all_to_alls() -> None:
         "moe_a2a_overlap needs EP > 1",
         "moe_a2a_overlap needs recompute other than full",
     }
+
+
+def test_expert_tensor_parallel_size_as_megatron_core_builds_it() -> None:
+    """Bridge's Qwen3-235B runs TP2 EP32 with ETP1 on 256 H100 (fixture `etp_cite`). megatron-
+    core's initialize_model_parallel needs ETP*EP*PP to divide the world (256 / (1*32*8)), so
+    with its default ETP = TP (2*32*8 = 512) that layout does not exist; the search finds it
+    only with `etp=1`, and there every rank holds its 4 experts at full width (the parameter
+    counts: test_plan_params.test_params_match_megatron, EXPERT_LAYOUTS)."""
+    import json
+    from pathlib import Path
+
+    from llmctl.config.planning import cluster_spec
+    from llmctl.plan import Constraints
+    from llmctl.plan.reference import row_input, row_layout
+
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "plan" / "published_runs.json"
+    published = json.loads(fixture.read_text())
+    row = next(r for r in published["rows"] if r["id"] == "bridge26.04.01-qwen3_235b_a22b")
+    assert row["etp"] == 1 and "expert_tensor_parallel_size = 1" in row["etp_cite"]
+    cluster = cluster_spec(compose(RECIPE, [f"cluster={row['cluster']}"]))
+    inp = row_input(row, published["models"], cluster)
+    fixed = Constraints(tp=2, pp=8, vpp=4, ep=32, micro_batch_size=1, recompute=Recompute.none)
+    default = plan(replace(inp, constraints=fixed), suggest=False)
+    assert not default.num_candidates
+    assert any("EP*ETP = 32*2" in r.reason for r in default.rejections), default.rejections
+    etp1 = plan(replace(inp, constraints=replace(fixed, etp=1)), suggest=False)
+    bridge = row_layout(row)
+    assert bridge.etp == 1 and bridge.expert_dp == 1
+    assert any(e.layout == bridge for e in etp1.ranked), [e.layout.short() for e in etp1.ranked]
+    as_tp = evaluate(inp, replace(bridge, etp=0))  # what the model charged before
+    assert evaluate(inp, bridge).memory.weights_gib > as_tp.memory.weights_gib

@@ -6,7 +6,7 @@ import json
 import socket
 
 import pytest
-from plan_megatron_oracle import LAYOUTS, SEQ, SHAPES
+from plan_megatron_oracle import EXPERT_LAYOUTS, LAYOUTS, SEQ, SHAPES
 
 from llmctl.plan.params import stage_params, total_params
 from llmctl.plan.specs import ModelSpec
@@ -74,6 +74,13 @@ def test_params_match_megatron(tmp_path: pytest.TempPathFactory) -> None:
             for tp, pp in LAYOUTS:
                 key = f"{name}/{tp}/{pp}"
                 assert predicted(name, tp, pp, rank) == measured[key], (key, rank)
+        moe = _spec(SHAPES["moe_top2"])
+        for tp, ep, etp in EXPERT_LAYOUTS:  # experts split over ETP (Bridge's Qwen3: ETP 1)
+            key = f"moe_top2/tp{tp}/ep{ep}/etp{etp}"
+            kw = dict(tp=tp, pp=1, ep=ep, layers=moe.num_layers, first=True, last=True)
+            assert stage_params(moe, **kw, etp=etp).total == measured[key], (key, rank)  # type: ignore[arg-type]
+            if etp != tp:
+                assert stage_params(moe, **kw).total != measured[key], key  # type: ignore[arg-type]
 
 
 def test_grad_memory_matches_megatron_ddp_buffers(tmp_path: pytest.TempPathFactory) -> None:

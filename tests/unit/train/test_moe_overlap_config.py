@@ -76,3 +76,18 @@ def test_overlap_on_cpu_is_one_line_before_launch() -> None:
 def test_overlap_config_errors_name_the_field(overrides: list[str], field: str) -> None:
     with pytest.raises(UserError, match=f"^parallel.moe_a2a_overlap=true needs .*{field}"):
         compose("tiny_cpu", [*overrides, "parallel.moe_a2a_overlap=true"])
+
+
+@pytest.mark.parametrize(("etp", "expected"), [(None, 2), (1, 1)])
+def test_expert_tensor_parallel_size_reaches_megatron_core(etp: int | None, expected: int) -> None:
+    """`parallel.etp` is megatron-core's expert_tensor_parallel_size; unset, megatron-core's
+    default (TP) applies."""
+    from llmctl.train.model import transformer_config
+
+    over = ["parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=true"]
+    over += [] if etp is None else [f"parallel.etp={etp}"]
+    cfg = compose("tiny_cpu", [*MOE, *GPU, *over])
+    layout = resolve_layout(cfg, 8)
+    assert layout.etp == etp
+    c = transformer_config(cfg.model, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=True)
+    assert c.expert_tensor_parallel_size == expected and c.tensor_model_parallel_size == 2
