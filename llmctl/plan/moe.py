@@ -23,14 +23,17 @@ Why a module of its own: a MoE layer is not a dense MLP with more weights. megat
 With `moe_a2a_overlap` (megatron-core `overlap_moe_expert_parallel_comm`, set by
 Megatron-Bridge's Qwen3-235B recipes) the all-to-alls of one micro-batch run under the
 compute of another (the combined 1F1B schedule), at `efficiency.overlap_cost` of the
-hidden part; otherwise they are exposed. Expert weights follow megatron-core's default
-expert tensor parallelism (ETP = TP): each expert GEMM is split over the TP ranks and sees
-the routed tokens of the whole TP group.
+hidden part; otherwise they are exposed. It is a user setting (`parallel.moe_a2a_overlap`),
+and the search keeps only layouts megatron-core runs it with (`overlap_refusal`).
+Expert weights are split over the expert tensor-parallel size (`Layout.etp`, megatron-core's
+`expert_tensor_parallel_size`, default TP): each expert GEMM is split over ETP ranks and sees
+the routed tokens of those ETP ranks' sequence shares (callers pass tokens * ETP / TP).
 
 Not modelled (docs/planner.md, MoE rows): host-side costs (the dropless dispatcher copies the
 per-expert token counts to the host every MoE layer, `_maybe_dtoh_and_synchronize`), the
-node-level de-duplication of DeepEP/HybridEP dispatchers, and whatever makes Bridge's
-Qwen3-30B PP2 EP8 runs 3x slower per token than these terms.
+node-level de-duplication of DeepEP/HybridEP dispatchers, the all-gather of routed tokens over
+ETP > 1 ranks, and whatever makes Bridge's Qwen3-30B PP2 EP8 runs 3x slower per token than
+these terms (what was ruled out: the rows' `moe_excluded`).
 """
 
 from __future__ import annotations
