@@ -38,7 +38,7 @@ from llmctl.plan import moe as moe_terms
 from llmctl.plan.flops import recompute_factor, step_flops, token_flops
 from llmctl.plan.layout import Layout, StageSplit
 from llmctl.plan.memory import layer_activation_bytes
-from llmctl.plan.params import LayerParams, stage_params
+from llmctl.plan.params import LayerParams, layer_params, stage_params
 from llmctl.plan.specs import (
     BYTES,
     AttentionKernel,
@@ -417,10 +417,26 @@ def _dp_time(
         ag += ring_time(cluster, ne, span, p.expert * wbytes)
     cost = cluster.efficiency.overlap_cost
     if lay.sharding == Sharding.full:
-        return m * _exposed(2.0 * ag + rs, slot_s, cost)
+        # Megatron FSDP gathers each layer before its forward and reduce-scatters it after its
+        # backward: the step's first gather and last reduce-scatter have nothing to hide behind.
+        unit = layer_params(model, lay.tp, lay.ep).dense
+        tail = ring_time(cluster, n, span, unit * wbytes)
+        tail = min(tail + ring_time(cluster, n, span, unit * gbytes), 2.0 * ag + rs)
+        return tail + m * _exposed(2.0 * ag + rs - tail / m, slot_s, cost)
+    # megatron-core DDP reduces gradients in buckets of max(40M, 1M x DP) parameters as the
+    # backward produces them; the last bucket's reduce (and, sharded, the next step's first
+    # parameter gather) finishes after the compute it could hide behind.
+    bucket = min(float(p.dense), max(4e7, 1e6 * lay.dp))
+    rs_tail = ring_time(cluster, n, span, bucket * gbytes)
+    ag_tail = ring_time(cluster, n, span, bucket * wbytes)
     if lay.sharding == Sharding.none:
-        rs, ag = 2.0 * rs, 0.0
-    return _exposed(rs, 2.0 / 3.0 * slot_s, cost) + _exposed(ag, slot_s / 3.0, cost)
+        rs, ag, rs_tail, ag_tail = 2.0 * rs, 0.0, 2.0 * rs_tail, 0.0
+    return (
+        rs_tail
+        + _exposed(rs - rs_tail, 2.0 / 3.0 * slot_s, cost)
+        + ag_tail
+        + _exposed(ag - ag_tail, slot_s / 3.0, cost)
+    )
 
 
 @lru_cache(maxsize=65536)

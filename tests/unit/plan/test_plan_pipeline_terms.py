@@ -112,3 +112,20 @@ def test_2022_megatron_lm_scatters_non_sp_pipeline_sends_over_tp() -> None:
     whole = evaluate(_with(untied, p2p_scatter_gather=0.0), lay).time.pp_comm_s
     sp = evaluate(untied, replace(lay, sequence_parallel=True)).time.pp_comm_s
     assert sp < scattered < whole / 3
+
+
+def test_last_gradient_bucket_and_first_fsdp_gather_are_exposed() -> None:
+    """megatron-core DDP reduces gradients in buckets of max(40M, 1M x DP) parameters as the
+    backward produces them (`DistributedDataParallel.__init__`): even when the backward is
+    long enough to hide the rest, the last bucket's reduce comes after it. Megatron FSDP's
+    first layer gather and last layer reduce-scatter likewise have no compute around them."""
+    inp = _with(_gpt22b(), overlap_cost=0.0)  # hidden communication costs nothing here
+    nvlink = inp.cluster.nvlink_bandwidth_gb_s * 1e9
+    grad, weight = BYTES[inp.run.grad_reduce_dtype], BYTES[inp.run.params_dtype]
+    ddp = Layout(tp=4, dp=2, micro_batch_size=2, sequence_parallel=True, sharding=Sharding.none)
+    ev = evaluate(inp, ddp)
+    assert ev.time.dp_comm_s < ev.time.gemm_s / 10  # the reduce fits under the backward
+    assert ev.time.dp_comm_s > 4e7 * grad / nvlink  # all-reduce of 40M params: >= 1x bytes
+    fsdp = evaluate(inp, replace(ddp, sharding=Sharding.full))
+    layer = 12 * inp.model.hidden_size**2 / ddp.tp
+    assert fsdp.time.dp_comm_s > layer * (grad + weight) / 2 / nvlink
