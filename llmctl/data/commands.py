@@ -111,6 +111,12 @@ def run_tokenizer_train(
     """`llmctl data tokenizer train`: train into a staging folder, then move into `out`."""
     from llmctl.data.tokenizer import train_tokenizer
 
+    if vocab_size < 257:
+        raise UserError(
+            f"--vocab-size must be >= 257 (256 byte tokens + <|endoftext|>), got {vocab_size}"
+        )
+    if min_frequency < 0:
+        raise UserError(f"--min-frequency must be >= 0, got {min_frequency}")
     target = Path(out)
     check_dir_target(target, force, "tokenizer train")
     check_collisions(target, ["tokenizer.json", "tokenizer_config.json"])

@@ -106,6 +106,9 @@ class PreprocessConfig:
             self.on_error = OnError(self.on_error)
         except ValueError:
             raise UserError(f"on_error={self.on_error!r}: expected fail or skip") from None
+        for flag, value in (("--chunk-mb", self.chunk_bytes), ("--max-doc-mb", self.max_doc_bytes)):
+            if value < 1:  # a zero chunk size never advanced: memory grew without bound
+                raise UserError(f"{flag} must be >= 1, got {value >> 20}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,3 +68,31 @@ def test_slurm_print_script_renders_without_submitting(tmp_path: Path, write_jso
     assert job["num_tasks"] == 1 and "array_job" not in job
     assert "#SBATCH --array=0-0" in job["text"] and not out.exists()
     assert (Path(job["job_dir"]) / "job.json").is_file()
+
+
+def test_sizes_below_their_minimum_are_one_line_before_any_work(
+    tmp_path: Path, corpus: Path, hf_tokenizer: Path, run_main
+) -> None:
+    import pytest
+
+    from llmctl.data.preprocess import PreprocessConfig
+    from llmctl.errors import UserError
+
+    # the library first: a zero chunk size used to grow memory without bound, so the CLI call
+    # below runs only once the config refuses it
+    with pytest.raises(UserError, match="--chunk-mb must be >= 1, got 0"):
+        PreprocessConfig(inputs=[str(corpus)], output_prefix="x", tokenizer="t", chunk_bytes=0)
+    prefix = str(tmp_path / "ds")
+    pre = ["data", "preprocess", str(corpus), "-o", prefix, "-t", str(hf_tokenizer), "-j", "1"]
+    tok = ["data", "tokenizer", "train", str(corpus), "-o", str(tmp_path / "tok")]
+    cases = [
+        ([*pre, "--chunk-mb", "0"], "error: --chunk-mb must be >= 1, got 0"),
+        ([*pre, "--max-doc-mb", "0"], "error: --max-doc-mb must be >= 1, got 0"),
+        ([*tok, "--vocab-size", "10"], "error: --vocab-size must be >= 257 (256 byte tokens"),
+        ([*tok, "--min-frequency", "-3"], "error: --min-frequency must be >= 0, got -3"),
+    ]
+    for argv, line in cases:
+        code, stdout, stderr = run_main(argv)
+        assert (code, stdout) == (2, ""), stderr
+        assert stderr.startswith(line) and stderr.count("\n") == 1, stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith("-lock")) == []
