@@ -80,11 +80,14 @@ def _validate_parallel(cfg: RootConfig) -> None:
             raise UserError(f"parallel.{name} must be >= 1, got {value}")
     if cfg.cluster.num_nodes < 1 or cfg.cluster.gpus_per_node < 1:
         raise UserError("cluster.num_nodes and cluster.gpus_per_node must be >= 1")
-    _validate_moe_overlap(cfg)
+    _validate_moe_parallel(cfg)
 
 
-def _validate_moe_overlap(cfg: RootConfig) -> None:
-    """megatron-core's own checks of overlap_moe_expert_parallel_comm that need no layout."""
+def _validate_moe_parallel(cfg: RootConfig) -> None:
+    """Expert-only settings on a dense model, and megatron-core's own checks of
+    overlap_moe_expert_parallel_comm that need no layout."""
+    if cfg.parallel.etp is not None and not cfg.model.num_experts:
+        raise UserError("parallel.etp needs an MoE model (model.num_experts > 0)")
     if not cfg.parallel.moe_a2a_overlap:
         return
     if not cfg.model.num_experts:

@@ -76,6 +76,8 @@ def test_overlap_on_cpu_is_one_line_before_launch() -> None:
 def test_overlap_config_errors_name_the_field(overrides: list[str], field: str) -> None:
     with pytest.raises(UserError, match=f"^parallel.moe_a2a_overlap=true needs .*{field}"):
         compose("tiny_cpu", [*overrides, "parallel.moe_a2a_overlap=true"])
+    with pytest.raises(UserError, match=r"^parallel\.etp needs an MoE model"):
+        compose("tiny_cpu", ["parallel.etp=1"])
 
 
 @pytest.mark.parametrize(("etp", "expected"), [(None, 2), (1, 1)])
