@@ -120,6 +120,8 @@ def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
     """
     if multiple < 1:
         raise UserError(f"--vocab-multiple must be >= 1, got {multiple}")
+    if tp < 1:
+        raise UserError(f"--tp must be >= 1, got {tp}")
     padded = math.ceil(vocab / multiple) * multiple
     if padded % tp:
         raise UserError(

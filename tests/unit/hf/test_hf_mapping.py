@@ -69,3 +69,5 @@ def test_vocab_padding() -> None:
         padded_vocab(300, 128, 5)
     with pytest.raises(UserError, match="--vocab-multiple must be >= 1"):
         padded_vocab(300, 0, 1)
+    with pytest.raises(UserError, match="--tp must be >= 1, got 0"):  # was ZeroDivisionError
+        padded_vocab(300, 128, 0)
