@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from llmctl.launch.jobs import RunStatus
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
@@ -24,13 +27,24 @@ def status(
         typer.echo(json.dumps(st.as_dict(), indent=2))
         return
     job = f" job {st.job_id}" if st.job_id else ""
-    extra = f" ({st.reason})" if st.reason and st.reason != "None" else ""
-    Console().print(f"[bold]{st.kind}{job}[/bold]: {st.state}{extra}", highlight=False)
+    Console().print(f"[bold]{st.kind}{job}[/bold]: {state_text(st)}", highlight=False)
     if st.step is not None:
         loss = f", loss {st.loss:.4f}" if isinstance(st.loss, float) else ""
         Console().print(f"step {st.step}/{st.total_steps or '?'}{loss}", highlight=False)
     if st.run_dir:
         Console().print(f"run dir {st.run_dir}", highlight=False)
+
+
+def state_text(st: RunStatus) -> str:
+    """The state with what explains it: SLURM's reason, or the exit code of a finished run
+    (for a job SLURM has forgotten, the one its batch script recorded in launch.json)."""
+    if st.state == "GONE" and st.exit_code:
+        return f"GONE (SLURM forgot the job; exit code {st.exit_code} recorded in launch.json)"
+    if st.reason and st.reason != "None":
+        return f"{st.state} ({st.reason})"
+    if st.state in ("FAILED", "EXITED") and st.exit_code not in (None, "", "0", "0:0"):
+        return f"{st.state} (exit code {st.exit_code})"
+    return str(st.state)
 
 
 def logs(
@@ -48,4 +62,4 @@ def logs(
 
     final = follow_logs(run_dir, write, follow=follow)
     if final is not None:
-        typer.echo(f"-- {final.kind} run {final.state}", err=True)
+        typer.echo(f"-- {final.kind} run {state_text(final)}", err=True)

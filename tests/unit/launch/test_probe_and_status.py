@@ -52,3 +52,18 @@ def test_parse_scontrol_keeps_values_with_spaces() -> None:
 def test_terminal_states() -> None:
     assert RunStatus(run_dir=None, kind="slurm", state="COMPLETED").finished
     assert not RunStatus(run_dir=None, kind="slurm", state="PENDING").finished
+
+
+def test_state_line_says_why_a_finished_run_ended() -> None:
+    from llmctl.cli.jobs import state_text
+
+    def line(**kw: str) -> str:
+        return state_text(RunStatus(run_dir="r", kind="slurm", **kw))  # type: ignore[arg-type]
+
+    assert line(state="GONE", exit_code="3:0") == (
+        "GONE (SLURM forgot the job; exit code 3:0 recorded in launch.json)"
+    )
+    assert line(state="GONE") == "GONE"
+    assert line(state="PENDING", reason="Resources") == "PENDING (Resources)"
+    assert line(state="FAILED", exit_code="1") == "FAILED (exit code 1)"
+    assert line(state="COMPLETED", exit_code="0:0") == "COMPLETED"
