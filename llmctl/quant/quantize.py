@@ -33,6 +33,7 @@ from llmctl.quant.schemes import (
     check_group_divisibility,
     check_moe_scheme,
     fit_group_size,
+    is_ignored,
     quantized_linears,
     theoretical_bits_per_weight,
 )
@@ -56,6 +57,7 @@ class QuantRequest:
     dtype: str = "bf16"
     force: bool = False
     group_size_given: bool = True  # False: the preset's; adapted to the model if needed
+    user_ignore: tuple[str, ...] = ()  # --ignore entries: each must match a Linear module
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +226,7 @@ def plan_quantization(request: QuantRequest) -> QuantPlan:
         notes += [note] if note else []
     check_group_divisibility(spec, found["linears"])
     check_moe_scheme(spec, found["architecture"])
+    _check_user_ignore(request.user_ignore, found["linears"])
     request = replace(request, spec=spec)
     split = _split(request, found)
     if split is None:
@@ -236,6 +239,21 @@ def plan_quantization(request: QuantRequest) -> QuantPlan:
         notes=tuple(notes),
         **found,
     )
+
+
+def _check_user_ignore(entries: tuple[str, ...], linears: dict[str, tuple[int, int]]) -> None:
+    """A typo'd `--ignore` would leave the module it meant quantized: refuse it.
+
+    Raises:
+        UserError: An entry that matches no Linear module (naming a few that exist).
+    """
+    for entry in entries:
+        if not any(is_ignored(name, [entry]) for name in linears):
+            some = ", ".join(sorted(linears)[:3])
+            raise UserError(
+                f"--ignore {entry!r} matches no Linear module of the model (e.g. {some}; "
+                "'re:PATTERN' matches names from their start)"
+            )
 
 
 def _vocab(model_dir: Path, data: str | None) -> int:
@@ -710,5 +728,6 @@ def quantize_source(
         num_eval_tokens=num_eval_tokens,
         force=force,
         group_size_given="group_size" in given,
+        user_ignore=tuple(extra_ignore),
     )
     return quantize(request, dry_run=dry_run, progress=progress)

@@ -144,6 +144,8 @@ def spec_from_config(quant: Any) -> QuantSpec:
         raise UserError(
             f"quant.smoothing_strength must be in (0, 1), got {quant.smoothing_strength}"
         )
+    for entry in quant.ignore:
+        _check_pattern(str(entry))
     return QuantSpec(
         scheme=scheme,
         algorithm=algorithm,
@@ -153,6 +155,20 @@ def spec_from_config(quant: Any) -> QuantSpec:
         calibration_seq_length=int(quant.calibration_seq_length),
         smoothing_strength=float(quant.smoothing_strength),
     )
+
+
+def _check_pattern(entry: str) -> None:
+    """An ignore entry `re:PATTERN` must compile.
+
+    Raises:
+        UserError: naming the entry and the regular-expression error.
+    """
+    if not entry.startswith("re:"):
+        return
+    try:
+        re.compile(entry[3:])
+    except re.error as exc:
+        raise UserError(f"ignore entry {entry!r}: not a valid regular expression ({exc})") from None
 
 
 def is_ignored(name: str, ignore: Iterable[str]) -> bool:

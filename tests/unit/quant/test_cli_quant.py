@@ -40,6 +40,11 @@ def test_dry_run_plans_without_writing(hf_dir: Path, data: str, tmp_path: Path) 
         (["--preset", "nope.yaml", "--data", "DATA"], "unknown quantization preset"),
         (["--algorithm", "gptq", "--scheme", "FP8_DYNAMIC", "--data", "DATA"], "cannot produce"),
         (["--data", "DATA", "--num-samples", "1000"], "lower --num-samples"),
+        (
+            ["--ignore", "model.layers.0.mlp.down_prj", "--data", "DATA"],
+            "--ignore 'model.layers.0.mlp.down_prj' matches no Linear module of the model",
+        ),
+        (["--ignore", "re:[", "--data", "DATA"], "ignore entry 're:[': not a valid regular"),
     ],
 )
 def test_bad_requests_exit_2(
