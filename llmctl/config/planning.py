@@ -294,8 +294,9 @@ def _quiet_step_s(run_dir: Path) -> float | None:
             value *= share
         if isinstance(value, int | float) and value > 0:
             times.append(float(value))
-    steady = sorted(times[len(times) // 5 + 1 :])
-    return steady[len(steady) // 5] if len(steady) >= 3 else None
+    from llmctl.train.metrics import quiet_step_s
+
+    return quiet_step_s(times)
 
 
 def load_measured_run(run_dir: str | Path) -> MeasuredRun:

@@ -164,6 +164,9 @@ class PerfReport:
     tflops_per_device: float
     mfu: float | None
     steps_measured: int
+    load_corrected_step_s: float | None = None
+    """CPU runs: the step time with the ranks' waits for a CPU taken out (`quiet_step_s` of
+    `step_time_s * cpu_share`), what `plan --calibrate` fits; None where not recorded."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -184,6 +187,11 @@ def perf_markdown(r: PerfReport) -> str:
 
     rows = [
         ("step time (s)", r.predicted_step_s, r.measured_step_s),
+        *(
+            [("step time, load-corrected (s)", r.predicted_step_s, r.load_corrected_step_s)]
+            if r.load_corrected_step_s is not None
+            else []
+        ),
         ("tokens/s", r.predicted_tokens_per_s, r.tokens_per_s),
         ("peak memory (GiB)", r.predicted_peak_mem_gib, r.measured_peak_mem_gib),
     ]
@@ -218,6 +226,13 @@ def steady_state_step_s(step_times_s: list[float]) -> float:
     times = sorted(step_times_s[skip:])
     mid = len(times) // 2
     return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+
+
+def quiet_step_s(step_times_s: list[float]) -> float | None:
+    """The 20th percentile of the steady-state steps (the first fifth and one more dropped):
+    on a shared host the steps least disturbed by others; None with fewer than 3 left."""
+    steady = sorted(step_times_s[len(step_times_s) // 5 + 1 :])
+    return steady[len(steady) // 5] if len(steady) >= 3 else None
 
 
 def wandb_state(cfg: RootConfig) -> str | None:

@@ -26,6 +26,7 @@ from llmctl.train.metrics import (
     flops_per_token,
     peak_tflops_for,
     perf_markdown,
+    quiet_step_s,
     rank_times,
     sched_ns,
     start_wandb,
@@ -90,6 +91,7 @@ class _Observer:
         self.peak_mem_gib: float | None = None
         self.cpu_share: float | None = None
         self.rank_cpu: list[list[float]] | None = None
+        self.corrected_times: list[float] = []
         self.metrics = MetricsLog(run_dir / "metrics.jsonl") if self.rank0 else None
         mem_label = "GPU mem GiB" if on_gpu else "host RSS GiB"
         title = f"llmctl train: {cfg.recipe or cfg.model.name}"
@@ -108,6 +110,8 @@ class _Observer:
         log_now: bool,
     ) -> None:
         self.step_times.append(dt)
+        if self.cpu_share is not None:
+            self.corrected_times.append(dt * self.cpu_share)
         if self.on_gpu:  # every step, every rank: the peak may fall between logged steps
             self._sample_mem()
         self.losses.append(loss)
@@ -175,6 +179,7 @@ class _Observer:
             tflops_per_device=tflops,
             mfu=None if not self.peak else tflops / self.peak,
             steps_measured=len(self.step_times),
+            load_corrected_step_s=quiet_step_s(self.corrected_times),
         )
 
     def close(self) -> None:
