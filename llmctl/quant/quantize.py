@@ -161,6 +161,8 @@ def _plan_hf(request: QuantRequest) -> dict[str, Any]:
         )
     if "quantization_config" in config:
         raise UserError(f"{request.source} is already quantized (config.json quantization_config)")
+    if request.tokenizer is not None and not request.tokenizer.is_file():
+        raise UserError(f"--tokenizer {request.tokenizer} not found (expected a tokenizer.json)")
     tokenizer = request.tokenizer or request.source / "tokenizer.json"
     return {
         "source_kind": "hf",

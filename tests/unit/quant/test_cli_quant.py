@@ -45,6 +45,7 @@ def test_dry_run_plans_without_writing(hf_dir: Path, data: str, tmp_path: Path) 
             "--ignore 'model.layers.0.mlp.down_prj' matches no Linear module of the model",
         ),
         (["--ignore", "re:[", "--data", "DATA"], "ignore entry 're:[': not a valid regular"),
+        (["--tokenizer", "nope.json", "--data", "DATA"], "--tokenizer nope.json not found"),
     ],
 )
 def test_bad_requests_exit_2(
