@@ -24,6 +24,10 @@ def test_labels_are_the_smallest_member_of_each_networkx_component() -> None:
         want[list(comp)] = min(comp)
     assert np.array_equal(components(n, src, dst), want)
     assert components(3, np.zeros(0, np.int64), np.zeros(0, np.int64)).tolist() == [0, 1, 2]
+    # deep trees: one path and one star over the nodes in random order
+    perm = rng.permutation(n)
+    for s, d in ((perm[:-1], perm[1:]), (np.full(n - 1, perm[0]), perm[1:])):
+        assert (components(n, s, d) == 0).all()
 
 
 def test_as_fast_as_scipy_on_random_edges() -> None:
