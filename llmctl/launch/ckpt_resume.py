@@ -17,7 +17,7 @@ from typing import Any
 from llmctl.errors import UserError
 
 # Config keys a resume cannot change: where the run lives, and that it loads its checkpoint.
-FIXED_ON_RESUME = ("train.run_dir", "checkpoint.load")
+FIXED_ON_RESUME = ("train.run_dir", "checkpoint.load", "recipe")
 
 
 def prepare_resume(
@@ -54,7 +54,8 @@ def prepare_resume(
         raise UserError(f"resume cannot change {fixed[0].split('=', 1)[0]}")
     saved = load_resolved(run_dir / CONFIG_FILE)
     pinned = _pinned_sharding(run_dir, saved, overrides)
-    with _saved_recipe(run_dir, drop_cluster=cluster_file is not None) as recipe:
+    drop = _replaced_groups(overrides) | ({"cluster"} if cluster_file is not None else set())
+    with _saved_recipe(run_dir, drop=drop) as recipe:
         launch = prepare_train(
             recipe,
             [*pinned, *overrides, f"train.run_dir={run_dir}", "checkpoint.load=true"],
@@ -72,13 +73,20 @@ def prepare_resume(
     return launch
 
 
-@contextlib.contextmanager
-def _saved_recipe(run_dir: Path, *, drop_cluster: bool) -> Iterator[str]:
-    """The run's config.yaml as a recipe; without its cluster when a cluster file replaces it.
+def _replaced_groups(overrides: list[str]) -> set[str]:
+    """Config groups that an override selects as a whole (`launcher=slurm`, `precision=bf16`)."""
+    from llmctl.config import GROUPS
 
-    A resolved config sets every cluster field, which would override the cluster file, so
-    that case composes from a copy without the `cluster` section (in a temporary directory,
-    never in the run directory).
+    return {o.split("=", 1)[0] for o in overrides if o.split("=", 1)[0] in GROUPS}
+
+
+@contextlib.contextmanager
+def _saved_recipe(run_dir: Path, *, drop: set[str]) -> Iterator[str]:
+    """The run's config.yaml as a recipe, without the sections in `drop`.
+
+    A resolved config sets every field of every section, which would override a cluster file
+    or a group option chosen on the command line (`launcher=slurm`), so those cases compose
+    from a copy without those sections (in a temporary directory, never in the run directory).
     """
     import tempfile
 
@@ -86,11 +94,12 @@ def _saved_recipe(run_dir: Path, *, drop_cluster: bool) -> Iterator[str]:
 
     from llmctl.train.rundir import CONFIG_FILE
 
-    if not drop_cluster:
+    if not drop:
         yield str(run_dir / CONFIG_FILE)
         return
     body = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
-    body.pop("cluster", None)
+    for section in drop:
+        body.pop(section, None)
     with tempfile.TemporaryDirectory(prefix="llmctl-resume-") as tmp:
         path = Path(tmp) / CONFIG_FILE
         path.write_text(yaml.safe_dump(body, sort_keys=False))

@@ -227,6 +227,18 @@ def test_resume_takes_layout_flags_and_cluster_file(run: Path, tmp_path: Path) -
     assert "name: renamed_cpu_box" in out["config"]
 
 
+def test_resume_takes_a_group_option_over_the_saved_section(run: Path, llmctl) -> None:
+    before = _snapshot(run)
+    rc, out, err = llmctl("resume", str(run), "launcher=slurm", "--dry-run", "--json")
+    assert rc == 0, err
+    described = json.loads(out)
+    assert described["kind"] == "slurm" and "#SBATCH" in described["sbatch"]
+    assert "kind: slurm" in described["config"]
+    line = _one_line_error(*llmctl("resume", str(run), "recipe=tiny_cpu", "--dry-run"))
+    assert line == "error: resume cannot change recipe"
+    assert _snapshot(run) == before
+
+
 def test_not_a_run_directory_is_worded_one_way(tmp_path: Path, llmctl) -> None:
     from llmctl.train.rundir import require_run_dir
 
