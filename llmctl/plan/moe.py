@@ -113,18 +113,6 @@ def _router_gemm_s(model: ModelSpec, cluster: ClusterSpec, tokens: float, fwd: f
     return _grouped_fwd_bwd(cluster, "bf16", 1, tokens, model.num_experts, model.hidden_size, fwd)
 
 
-@lru_cache(maxsize=65536)
-def expert_column_bwd_s(
-    model: ModelSpec, cluster: ClusterSpec, dtype: str, tokens: float, tp: int, ep: int
-) -> float:
-    """Backward GEMM seconds of the experts' fc1 on one TP rank (the column-parallel GEMM
-    under which megatron-core hides its asynchronous backward TP collectives)."""
-    width = 2 if model.gated_mlp else 1
-    local, m_e = _expert_shape(model, tokens, ep)
-    f = width * model.expert_ffn / tp
-    return _grouped_fwd_bwd(cluster, dtype, local, m_e, f, model.hidden_size, 0.0)
-
-
 def memory_s(model: ModelSpec, cluster: ClusterSpec, tokens: float, tp: int, fwd: float) -> float:
     """HBM seconds of one MoE layer's router scores and token (un)permutation for one
     micro-batch on one rank, forward (`fwd` times: full recompute repeats it) + backward.
@@ -157,6 +145,13 @@ def overlap_refusal(layout: Layout) -> str | None:
     if layout.pp > 1 and layout.vpp == 1:
         return "moe_a2a_overlap needs VPP > 1 when PP > 1"
     return None
+
+
+def ep_span(tp: int, ep: int, etp: int = 0) -> int:
+    """Consecutive ranks one expert-parallel group spans: megatron-core's expert rank order
+    (tp-cp-ep-dp-pp with ETP in TP's place) strides EP ranks by ETP (0 = TP), so the group
+    covers ETP*EP ranks (TP2 EP32 ETP1: 32 ranks, 4 nodes of 8, not 64)."""
+    return (etp or tp) * ep
 
 
 def exposed_a2a_s(a2a: float, window: float, overlap: bool, cost: float) -> float:

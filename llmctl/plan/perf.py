@@ -298,7 +298,7 @@ def _slot_cached(
     eff = cluster.efficiency
     per_layer = eff.layer_overhead_us * fwd + eff.cp_step_overhead_us * (cp_size - 1)
     overhead = (layers * per_layer + vpp * eff.chunk_overhead_us) * 1e-6
-    tp = layers * _tp_comm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, sp, fwd, etp)
+    tp = layers * _tp_comm_s(model, cluster, run.compute_dtype, tok, tp_size, sp, fwd)
     kv = 2.0 * tok * model.num_query_groups * model.kv_channels * 2.0 / tp_size
     bw, lat = _link(cluster, tp_size * cp_size)
     ring = 3.0 * (cp_size - 1) * (kv / bw + lat) if cp_size > 1 else 0.0
@@ -306,11 +306,17 @@ def _slot_cached(
     moe = 0.0
     if model.is_moe:
         elem += moe_terms.memory_s(model, cluster, tok, tp_size, fwd)
-    if model.is_moe and ep > 1:
+    e = etp or tp_size
+    if model.is_moe and (ep > 1 or e > 1):
+        # megatron-core's alltoall dispatcher: the EP all-to-all (its group strided by ETP,
+        # so spanning ETP*EP ranks), then with ETP > 1 an all-gather of the routed tokens
+        # over the ETP group (reduce-scatter in the combine); backward mirrors both.
         sent = moe_terms.dispatch_bytes(model, tok, tp_size)
-        a2a = 4.0 * all_to_all_s(cluster, ep, tp_size * ep, sent)
+        span = moe_terms.ep_span(tp_size, ep, etp)
+        a2a = 4.0 * (all_to_all_s(cluster, ep, span, sent) + ring_time(cluster, e, e, e * sent))
         window = gemm / layers + core + elem
-        moe = layers * moe_terms.exposed_a2a_s(a2a, window, run.moe_a2a_overlap, eff.overlap_cost)
+        overlap = run.moe_a2a_overlap and ep > 1
+        moe = layers * moe_terms.exposed_a2a_s(a2a, window, overlap, eff.overlap_cost)
     return Slot(
         gemm=gemm,
         attention=layers * core,
@@ -336,10 +342,8 @@ def _tp_comm_s(
     dtype: str,
     tok: float,
     tp: int,
-    ep: int,
     sp: bool,
     fwd: float,
-    etp: int = 0,
 ) -> float:
     """Exposed tensor-parallel communication seconds of one layer and micro-batch.
 
@@ -352,15 +356,18 @@ def _tp_comm_s(
     under the data- and weight-gradient GEMMs (4 units, hidden up to those GEMMs' time at
     `overlap_cost`); SP's row-parallel layers all-gather their output gradient exposed (2).
     `tp_overlap` is the share of the exposed units hidden beyond that (e.g. Transformer
-    Engine's userbuffer overlap).
+    Engine's userbuffer overlap). A MoE layer's experts run no TP collectives of their own
+    (megatron-core's explicit expert communication: the token dispatcher moves the routed
+    tokens, counted as MoE communication), so only the attention block's half remains.
     """
     if tp == 1:
         return 0.0
     eff = cluster.efficiency
     unit = ring_time(cluster, tp, tp, tok * model.hidden_size * 2.0)
-    exposed = (4.0 * fwd + (2.0 if sp else 0.0)) * unit * (1.0 - eff.tp_overlap)
-    window = column_bwd_gemm_s(model, cluster, dtype, tok, tp, ep, etp)
-    return exposed + _exposed(4.0 * unit, window, eff.overlap_cost)
+    blocks = 1.0 if model.is_moe else 2.0
+    exposed = (2.0 * blocks * fwd + (blocks if sp else 0.0)) * unit * (1.0 - eff.tp_overlap)
+    window = column_bwd_gemm_s(model, cluster, dtype, tok, tp)
+    return exposed + _exposed(2.0 * blocks * unit, window, eff.overlap_cost)
 
 
 @lru_cache(maxsize=65536)
@@ -370,19 +377,17 @@ def column_bwd_gemm_s(
     dtype: str,
     tokens: float,
     tp: int,
-    ep: int,
-    etp: int = 0,
 ) -> float:
     """Backward GEMM seconds of one layer's column-parallel layers (QKV, fc1) on one TP rank:
-    the compute that hides megatron-core's asynchronous backward TP collectives."""
+    the compute that hides megatron-core's asynchronous backward TP collectives (QKV alone
+    in a MoE layer, whose experts have no TP collectives)."""
     h, d = model.hidden_size, model.kv_channels
     q, kv = model.num_attention_heads * d, model.num_query_groups * d
     width = 2 if model.gated_mlp else 1
     t = _fwd_bwd(cluster, dtype, tokens, (q + 2 * kv) / tp, h, 0.0)
-    if not model.is_moe:
-        return t + _fwd_bwd(cluster, dtype, tokens, width * model.ffn_hidden_size / tp, h, 0.0)
-    e = etp or tp
-    return t + moe_terms.expert_column_bwd_s(model, cluster, dtype, tokens * e / tp, e, ep)
+    if model.is_moe:
+        return t
+    return t + _fwd_bwd(cluster, dtype, tokens, width * model.ffn_hidden_size / tp, h, 0.0)
 
 
 @lru_cache(maxsize=65536)

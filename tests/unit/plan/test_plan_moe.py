@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from llmctl.config import compose
 from llmctl.config.planning import plan_input
 from llmctl.plan import Layout, Recompute, evaluate, plan
@@ -86,3 +88,30 @@ def test_expert_tensor_parallel_size_as_megatron_core_builds_it() -> None:
     assert any(e.layout == bridge for e in etp1.ranked), [e.layout.short() for e in etp1.ranked]
     as_tp = evaluate(inp, replace(bridge, etp=0))  # what the model charged before
     assert evaluate(inp, bridge).memory.weights_gib > as_tp.memory.weights_gib
+
+
+@pytest.mark.parametrize(
+    ("tp", "etp", "ep", "pp", "world"),
+    [(2, 1, 32, 8, 256), (2, 2, 8, 1, 64), (1, 1, 8, 2, 16), (4, 1, 8, 1, 32), (4, 2, 4, 2, 64)],
+)
+def test_expert_parallel_group_span_is_megatron_cores(
+    tp: int, etp: int, ep: int, pp: int, world: int
+) -> None:
+    """The all-to-all's ranks: megatron-core's expert RankGenerator (parallel_state.py, the
+    order initialize_model_parallel uses) puts each EP group on `moe.ep_span` consecutive
+    ranks, which sets how many nodes its all-to-all crosses."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.parallel_state import RankGenerator
+
+    from llmctl.plan.moe import ep_span
+
+    gen = RankGenerator(
+        tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1, order="tp-cp-ep-dp-pp"
+    )
+    groups = gen.get_ranks("ep")
+    span = ep_span(tp, ep, 0 if etp == tp else etp)
+    nodes = -(-span // 8)  # 8-GPU nodes the span covers, each holding ep / nodes ranks
+    assert groups and all(len(g) == ep for g in groups)
+    for group in groups:
+        per_node = [sum(1 for r in group if r // 8 == n) for n in {r // 8 for r in group}]
+        assert per_node == [ep // nodes] * nodes, (group, span)
