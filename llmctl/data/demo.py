@@ -11,12 +11,13 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmctl.data.corpus import build_demo_corpus
+from llmctl.data.corpus import build_demo_corpus, is_demo_corpus
 from llmctl.data.dedup import DedupConfig, dedup
 from llmctl.data.indexed import bin_path, idx_path
 from llmctl.data.manifest import manifest_path, read_json, stamp, write_json_atomic
 from llmctl.data.preprocess import PreprocessConfig, preprocess
 from llmctl.data.tokenizer import train_bpe
+from llmctl.errors import UserError
 
 DEMO_PREFIX_NAME = "demo_text_document"
 
@@ -36,6 +37,36 @@ def _is_built(workdir: Path, params: dict[str, int]) -> str | None:
     return prefix if ok else None
 
 
+_OWN = ("corpus.jsonl", "dedup", "tokenizer", "demo.json", "index-cache")  # + training's cache
+_OWN_PREFIXES = (DEMO_PREFIX_NAME, "dedup.", ".corpus.jsonl.")
+
+
+def _check_workdir(work: Path) -> None:
+    """The demo rebuilds into `work` with force: only where nothing but its own outputs is.
+
+    Raises:
+        UserError: `work` is a file, cannot be written, or holds a file the demo did not write.
+    """
+    from llmctl.data.outputs import check_writable_parent
+
+    if work.exists() and not work.is_dir():
+        raise UserError(f"{work} is a file; the demo writes a folder there")
+    check_writable_parent(work / "demo.json")
+    if not work.is_dir():
+        return
+    foreign = sorted(
+        p.name
+        for p in work.iterdir()
+        if not (p.name in _OWN or p.name.startswith(_OWN_PREFIXES))
+        or (p.name == "corpus.jsonl" and not (p.is_file() and is_demo_corpus(p)))
+    )
+    if foreign:
+        raise UserError(
+            f"{work} holds files the demo did not write ({', '.join(foreign[:3])}); "
+            "choose a new or empty folder"
+        )
+
+
 def prepare_demo_data(
     workdir: str | Path, *, max_docs: int = 400, vocab_size: int = 4096, num_workers: int = 1
 ) -> str:
@@ -49,6 +80,7 @@ def prepare_demo_data(
     params = {"max_docs": max_docs, "vocab_size": vocab_size, "version": 1}
     if cached := _is_built(work, params):
         return cached
+    _check_workdir(work)
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.jsonl"
     build_demo_corpus(corpus, max_docs=max_docs)

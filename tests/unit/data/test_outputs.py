@@ -161,6 +161,22 @@ def test_corpus_max_docs_below_one_is_one_line(cli, tmp_path: Path, max_docs: st
     assert list(tmp_path.iterdir()) == []
 
 
+def test_demo_never_writes_over_a_folder_it_did_not_make(cli, tmp_path: Path) -> None:
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "corpus.jsonl").write_text("my corpus\n")
+    (folder / "notes.txt").write_text("mine\n")
+    line = _one_line_error(cli(["demo", str(folder)]))
+    assert line == (
+        f"error: {folder} holds files the demo did not write (corpus.jsonl, notes.txt); "
+        "choose a new or empty folder"
+    )
+    assert (folder / "corpus.jsonl").read_text() == "my corpus\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["corpus.jsonl", "notes.txt"]
+    line = _one_line_error(cli(["demo", str(folder / "notes.txt")]))
+    assert line == f"error: {folder / 'notes.txt'} is a file; the demo writes a folder there"
+
+
 @pytest.mark.parametrize("command", ["preprocess", "dedup", "tokenizer", "corpus"])
 def test_output_under_a_file_is_one_line(
     cli, tmp_path: Path, corpus: Path, hf_tokenizer: Path, command: str
