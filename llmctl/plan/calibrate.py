@@ -105,21 +105,36 @@ def loss(cluster: ClusterSpec, runs: Sequence[MeasuredRun]) -> float:
     return sum(abs(math.log1p(e)) for e in errs) / len(errs)
 
 
+def _grid(name: str, lo: float, hi: float) -> list[float]:
+    """41 points over [lo, hi] (81 on a log scale for `scale`)."""
+    if name == "scale":
+        return [math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i / 80) for i in range(81)]
+    return [lo + (hi - lo) * i / 40 for i in range(41)]
+
+
+def _best(cluster: ClusterSpec, runs: Sequence[MeasuredRun], knob: Knob) -> float:
+    """The knob's best value: the grid's, then twice a 41-point grid over the neighbouring
+    grid steps (the coarse grid alone left `scale` up to 3.9 % off a one-run calibration)."""
+    name, lo, hi = knob
+    grid = _grid(name, lo, hi)
+    for _ in range(3):
+        best = min(grid, key=lambda v: loss(with_knob(cluster, name, v), runs))
+        i = grid.index(best)
+        a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+        grid = [a + (b - a) * k / 40 for k in range(41)]
+    return best
+
+
 def fit_knobs(
     cluster: ClusterSpec, runs: Sequence[MeasuredRun], knobs: Sequence[Knob], rounds: int = 6
 ) -> ClusterSpec:
     """Coordinate descent over `knobs` (each on a 41-point grid in its range, `scale` on a
-    log grid around 1), starting from the cluster's current values."""
+    log grid around 1, refined around the best point), starting from the cluster's current
+    values."""
     for _ in range(rounds):
-        for name, lo, hi in knobs:
-            if name == "scale":
-                grid = [
-                    math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i / 80)
-                    for i in range(81)
-                ]
-            else:
-                grid = [lo + (hi - lo) * i / 40 for i in range(41)]
-            best = min(grid, key=lambda v: loss(with_knob(cluster, name, v), runs))
+        for knob in knobs:
+            name = knob[0]
+            best = _best(cluster, runs, knob)
             if name == "scale" or loss(with_knob(cluster, name, best), runs) < loss(cluster, runs):
                 cluster = with_knob(cluster, name, best)
         if len(knobs) == 1:
