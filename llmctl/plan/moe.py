@@ -131,6 +131,15 @@ def dispatch_bytes(model: ModelSpec, tokens: float, tp: int) -> float:
     return tokens / tp * model.moe_router_topk * model.hidden_size * BYTES["bf16"]
 
 
+def layout_refusal(layout: Layout, overlap: bool) -> str | None:
+    """Why megatron-core refuses to train a MoE model with `layout` (with `overlap`: also the
+    all-to-all overlap), or None. Its MoELayer refuses training with TP > 1 without sequence
+    parallelism (transformer/moe/moe_layer.py, "performance may degrade")."""
+    if layout.tp > 1 and not layout.sequence_parallel:
+        return "MoE with TP > 1 needs sequence parallelism"
+    return overlap_refusal(layout) if overlap else None
+
+
 def overlap_refusal(layout: Layout) -> str | None:
     """Why megatron-core refuses `overlap_moe_expert_parallel_comm` for `layout`, or None.
 

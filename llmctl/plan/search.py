@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from llmctl.plan.layout import Layout, StageSplit, check_world, split_layers
 from llmctl.plan.memory import MemoryBreakdown, peak_gib_options, peak_memory
-from llmctl.plan.moe import overlap_refusal
+from llmctl.plan.moe import layout_refusal
 from llmctl.plan.perf import StepTime, Throughput, step_s_options, step_time, throughput
 from llmctl.plan.specs import Constraints, ModelSpec, PlanInput, Recompute, Sharding
 
@@ -262,7 +262,7 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
     out: list[list[Layout]] = []
     c, gbs = inp.constraints, inp.run.global_batch_size
     mbss = [c.micro_batch_size] if c.micro_batch_size else list(inp.search.micro_batch_sizes)
-    overlap = inp.run.moe_a2a_overlap and inp.model.is_moe
+    moe, overlap = inp.model.is_moe, inp.run.moe_a2a_overlap
     for tp, cp, pp, vpp, dp in _structures(inp, rej):
         eps, reason = _ep_values(inp, tp, dp, cp)
         if reason:
@@ -302,8 +302,8 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
                         loss_balanced=inp.search.balance_loss and pp > 1,
                         etp=c.etp or 0,
                     )
-                    if overlap and (why := overlap_refusal(base)):
-                        rej.add(why)  # megatron-core refuses it (moe.overlap_refusal)
+                    if moe and (why := layout_refusal(base, overlap)):
+                        rej.add(why)  # megatron-core refuses it (moe.layout_refusal)
                         continue
                     out.append([replace(base, sharding=sh) for sh in shs])
     return out, rej.counts

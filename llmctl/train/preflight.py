@@ -41,11 +41,24 @@ def preflight(
     """
     layout = resolve_layout(cfg, world_size, planned)
     on_gpu = str(cfg.cluster.device) == "cuda"
+    _check_moe(cfg, layout, on_gpu)
+    recipe = check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
+    loss_balanced_stage_layers(cfg, layout)  # the planner's split must be buildable
+    return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))
+
+
+def _check_moe(cfg: Any, layout: TrainLayout, on_gpu: bool) -> None:
+    """MoE settings megatron-core refuses only after launch: the all-to-all overlap needs CUDA
+    streams; its MoELayer refuses to train with TP > 1 without sequence parallelism (which
+    llmctl's CPU layer does not run)."""
     if layout.moe_a2a_overlap and not on_gpu:
         raise UserError(
             "parallel.moe_a2a_overlap=true needs CUDA: megatron-core overlaps the MoE "
             "all-to-alls on CUDA streams; set parallel.moe_a2a_overlap=false on a CPU cluster"
         )
-    recipe = check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
-    loss_balanced_stage_layers(cfg, layout)  # the planner's split must be buildable
-    return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))
+    if cfg.model.num_experts and layout.tp > 1 and not layout.sequence_parallel:
+        fix = "set parallel.sequence_parallel=true" if on_gpu else "use parallel.tp=1 on CPU"
+        raise UserError(
+            f"parallel.tp={layout.tp} with a MoE model needs sequence parallelism (megatron-core's "
+            f"MoELayer refuses to train without it): {fix}"
+        )

@@ -93,3 +93,18 @@ def test_expert_tensor_parallel_size_reaches_megatron_core(etp: int | None, expe
     assert layout.etp == etp
     c = transformer_config(cfg.model, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=True)
     assert c.expert_tensor_parallel_size == expected and c.tensor_model_parallel_size == 2
+
+
+def test_moe_tensor_parallel_without_sequence_parallel_is_one_line() -> None:
+    """megatron-core's MoELayer raises on the first training forward with TP > 1 and no
+    sequence parallelism (moe_layer.py); llmctl's CPU layer runs no SP, so it is refused
+    before launch, and the search drops such layouts."""
+    from llmctl.plan import Layout
+    from llmctl.plan.moe import layout_refusal
+    from llmctl.train.preflight import preflight
+
+    cfg = compose("tiny_cpu", [*MOE, "parallel.tp=2"])
+    with pytest.raises(UserError, match=r"^parallel\.tp=2 with a MoE model needs sequence [^\n]*$"):
+        preflight(cfg, 2)
+    assert layout_refusal(Layout(tp=2, ep=2, dp=2), False)
+    assert layout_refusal(Layout(tp=2, ep=2, dp=2, sequence_parallel=True), False) is None
