@@ -245,6 +245,7 @@ def end_to_end_tools(inp: Path, work: Path) -> dict[str, list[str]]:
         "llmctl": [py, "-m", "llmctl", "data", "dedup", str(inp), "-o", str(work / "out_llmctl"),
                    "-j", "1", "--force"],
         "python_numpy": [py, "-c", "import numpy"],  # the floor of any numpy tool's start-up
+        "python_numpy_typer": [py, "-c", "import numpy, typer"],  # ... and of a Typer CLI's
         "rensa": [py, "-c", RENSA_SCRIPT, str(inp), str(work / "out_rensa.jsonl")],
         "datasketch": [py, "-c", DATASKETCH_SCRIPT, str(inp), str(work / "out_ds.jsonl")],
         "datatrove": [py, "-c", DATATROVE_SCRIPT, str(folder), str(work / "dt_work")],
@@ -304,7 +305,7 @@ def tools_end_to_end(args: argparse.Namespace) -> list[dict]:
             "docs": size,
             "mb": inp.stat().st_size / 1e6,
             "loadavg": [round(load[0], 1), round(os.getloadavg()[0], 1)],
-            "kept": {name: _kept(name, args.work) for name in tools if name != "python_numpy"},
+            "kept": {n: _kept(n, args.work) for n in tools if not n.startswith("python_numpy")},
             **ratios,
         }
         print(json.dumps(row), flush=True)
