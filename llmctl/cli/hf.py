@@ -24,8 +24,12 @@ def _layer_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from llmctl.cli.common import _real_stderr
+
     columns = [BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress("layers", *columns, console=Console(stderr=True)) as bar:
+    # the real stderr: third-party output goes to OUT/import.log while the import runs
+    console = Console(file=_real_stderr())
+    with Progress("layers", *columns, console=console, redirect_stderr=False) as bar:
         task = bar.add_task("layers", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
 

@@ -35,6 +35,7 @@ from llmctl.errors import UserError
 from llmctl.hf import mapping as M
 from llmctl.hf.config import family_of, load_hf_config, model_fields
 from llmctl.hf.rss import peak_rss_bytes as _peak_rss_bytes
+from llmctl.progress import third_party_output_to
 from llmctl.staging import check_out, publish
 
 MARKER = "import.json"
@@ -241,8 +242,12 @@ def import_hf(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = _staging(out)
     t0 = time.perf_counter()
+    log = out.parent / f".{out.name}.import.log"  # third-party warnings, moved into OUT
     try:
-        base, num_params = _write(plan, staging, out, on_progress)
+        with third_party_output_to(log):
+            base, num_params = _write(plan, staging, out, on_progress)
+        if log.is_file():
+            log.replace(staging / "import.log")
         (staging / MARKER).write_text(json.dumps(_info(plan, base), indent=1) + "\n")
         publish(staging, out)
     except BaseException:

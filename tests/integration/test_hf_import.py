@@ -338,3 +338,24 @@ def test_mistral_sliding_window_caps_training_and_round_trips(
     res = CliRunner().invoke(app, ["export", "hf", str(out), "--out", str(tmp_path / "back")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "back" / "config.json").read_text())["sliding_window"] == 16
+
+
+@pytest.mark.slow
+def test_import_sends_library_warnings_to_its_log(tmp_path: Path) -> None:
+    """megatron-core's notices go to OUT/import.log (as export's and quantize's go to theirs);
+    the console keeps llmctl's own lines; `-v` shows the log's lines on the console."""
+    src = make_model("llama", tmp_path / "hf")
+
+    def run(*flags: str, out: Path) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "llmctl", *flags, "import", "hf", str(src), "--out", str(out)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    quiet = run(out=tmp_path / "a")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Warning" not in quiet.stderr and "imported" in quiet.stdout
+    log = (tmp_path / "a" / "import.log").read_text()
+    assert not (tmp_path / ".a.import.log").exists()
+    loud = run("-v", out=tmp_path / "b")
+    assert loud.returncode == 0, loud.stderr
+    assert not (tmp_path / "b" / "import.log").exists()
+    assert all(line in loud.stderr for line in log.splitlines())
