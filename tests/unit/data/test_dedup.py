@@ -130,3 +130,33 @@ def test_output_lines_are_the_input_lines_of_kept_documents_in_every_layout(
     assert all(a in kept for a, _ in planted.pairs)
     assert not kept & set(copies[sims >= 0.9].tolist())
     assert set(copies[sims < 0.7].tolist()) <= kept
+
+
+def test_work_of_another_signature_scheme_is_never_resumed(tmp_path: Path, write_jsonl) -> None:
+    """A work folder or SLURM job left by an llmctl with other signatures (v1: no
+    `signature_scheme` recorded) is recomputed or refused, never mixed with these."""
+    from llmctl.data.dedup import plan, work_dir_for
+    from llmctl.data.slurm import _save_job, load_job
+
+    texts = ["a b c d e f g h", "a b c d e f g h i", "p q r s t u v w"]
+    path = write_jsonl(tmp_path / "in.jsonl", texts)
+    cfg = DedupConfig(inputs=[str(path)], output_dir=str(tmp_path / "o"), num_workers=1)
+    chunks, scans = plan(cfg)
+    old = work_dir_for(cfg)
+    old.mkdir()
+    params = {k: v for k, v in cfg.params().items() if k != "signature_scheme"}
+    fingerprint = {
+        "params": params,
+        "inputs": [[str(s.path), s.sha256] for s in scans],
+        "chunks": [[list(c.paths), c.start, c.end] for c in chunks],
+    }
+    (old / "plan.json").write_text(json.dumps(fingerprint))
+    (old / "sig_000000.done.json").write_text('{"index": 0, "docs": 3, "bytes": 1}')
+    (old / "sig_000000.arrays").write_bytes(b"v1 signatures")
+    assert dedup(cfg).num_kept == 2  # recomputed: the old folder was discarded
+    _save_job(tmp_path, cfg, chunks, scans)
+    job = json.loads((tmp_path / "job.json").read_text())
+    del job["signature_scheme"]
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    with pytest.raises(UserError, match="signatures of scheme 'v1'"):
+        load_job(tmp_path / "job.json")
