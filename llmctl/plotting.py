@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmctl.errors import UserError
+
 if TYPE_CHECKING:
     from llmctl.plan import Evaluation, PlanResult
 
@@ -20,14 +22,47 @@ X_CLIP = 1.6
 Y_CLIP = 2.0
 
 
+#: File types `plot_plan` writes, by suffix.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+#: Written into every figure's metadata: an existing file holding it is llmctl's to replace.
+_CREATOR = "llmctl plan"
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """Where `--plot` may write: a .png/.svg/.pdf name in a writable folder, absent or an
+    earlier `llmctl plan --plot` figure.
+
+    Raises:
+        UserError: Another suffix, a folder or unwritable place, or a file llmctl did not write.
+    """
+    from llmctl.data.outputs import check_writable_parent
+
+    out = Path(path)
+    if out.suffix.lower() not in PLOT_SUFFIXES:
+        raise UserError(f"--plot {out}: expected a file name ending in .png, .svg or .pdf")
+    check_writable_parent(out)
+    if out.is_dir():
+        raise UserError(f"--plot {out} is a folder; expected an image file name")
+    if out.exists() and _CREATOR.encode() not in out.read_bytes():
+        raise UserError(
+            f"{out} exists and was not written by `llmctl plan --plot`; not replacing it "
+            "(choose another --plot)"
+        )
+    return out
+
+
 def plot_plan(res: PlanResult, path: str | Path, top_k: int = 5) -> Path:
-    """Write the step-time vs memory figure of `res` to `path` (PNG, SVG or PDF by suffix)."""
+    """Write the step-time vs memory figure of `res` to `path` (PNG, SVG or PDF by suffix).
+
+    Raises:
+        UserError: As `check_plot_path`.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(path)
+    out = check_plot_path(path)
     xmax = res.usable_gib * X_CLIP
     fastest = min((p[0] for p in res.points if p[2]), default=min(p[0] for p in res.points))
     ymax = fastest * Y_CLIP
@@ -90,7 +125,8 @@ def plot_plan(res: PlanResult, path: str | Path, top_k: int = 5) -> Path:
     )
     ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    key = "Software" if out.suffix.lower() == ".png" else "Creator"
+    fig.savefig(out, dpi=130, metadata={key: _CREATOR})
     plt.close(fig)
     return out
 

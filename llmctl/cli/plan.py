@@ -75,6 +75,10 @@ def plan(
     """
     from llmctl.config.planning import plan_config
 
+    if plot:  # before any work: a plot that cannot be written is one line
+        from llmctl.plotting import check_plot_path
+
+        check_plot_path(plot)
     cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
     save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
     result = plan_config(cfg, calibrate, save_to)
