@@ -1,11 +1,12 @@
 """Fuzzy dedup throughput and quality: llmctl vs datasketch and rensa, one core, one run.
 
 Same documents (planted near-duplicates, ~2 kB each), same shingles (word 5-grams), same number
-of permutations (120) and LSH bands (20 x 6 rows). Timed from raw text to a signature matrix,
-including each tool's shingling as its users write it (a Python list of shingle strings for
-datasketch and rensa). Quality: the share of planted pairs at Jaccard >= 0.8 that land in a
-common LSH bucket (candidate recall), per tool, and llmctl's end-to-end dedup (with exact
-verification) recall and precision per similarity band.
+of signature values (120: permutations for the peers, one-permutation bins for llmctl) and LSH
+bands (20 x 6 rows). Timed from raw text to a signature matrix, including each tool's shingling
+as its users write it (a Python list of shingle strings for datasketch and rensa). Quality: the
+share of planted pairs at Jaccard >= 0.8 that land in a common LSH bucket (candidate recall),
+per tool, and llmctl's end-to-end dedup (with exact verification) recall and precision per
+similarity band.
 
     RAYON_NUM_THREADS=1 python benchmarks/data_dedup.py [--num-bases 2500 --num-plain 5000]
     python benchmarks/data_dedup.py --end-to-end-only --sizes 100 1000 10000   # + datatrove
@@ -15,8 +16,8 @@ the kept documents on disk, one worker: `llmctl data dedup -j 1` (exact + fuzzy,
 verification), a rensa script (RMinHash per document, RMinHashLSH query-then-insert, its
 README's pattern), a datasketch script (the same with MinHashLSH), and datatrove's 4-stage
 MinHash pipeline (signatures, buckets, clusters, filter; LocalPipelineExecutor, 1 task). All
-with word 5-grams, 120 permutations as 20 bands x 6 rows. CPU time (user + sys of the process
-tree) and wall time, best of --repeats interleaved runs; ratios are peer / llmctl.
+with word 5-grams, 120 signature values as 20 bands x 6 rows. CPU time (user + sys of the
+process tree) and wall time, best of --repeats interleaved runs; ratios are peer / llmctl.
 datatrove is not a project dependency: `pip install datatrove` (0.10.1 pulls no torch).
 """
 
