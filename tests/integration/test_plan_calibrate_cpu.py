@@ -4,16 +4,19 @@ Calibrate on one finished run (4 layers, 1 rank, MBS 4), write the calibrated cl
 plan a different layout (PP=2 on 2 ranks, MBS 2, no VPP) with `--cluster-file`, and compare
 with that layout's measured step time.
 
-Measured step times are load-corrected (metrics.jsonl `cpu_share`: each rank's waits for a
-CPU, from Linux schedstat, taken out; the 20th percentile of the steady-state steps), so other
-processes on the machine slow the wall clock but not the figure compared; calibration absorbs
+Measured step times are load-corrected (metrics.jsonl `cpu_share`, from Linux schedstat: the
+bottleneck rank's waits for a CPU taken out; the 20th percentile of the steady-state steps),
+so other processes slow the wall clock but much less the figure compared; calibration absorbs
 a uniformly faster or slower host.
 
 What is asserted: the calibration reproduces the run it was fitted on within 10 %, the file is
-written and used by later plans, and the other layout is predicted within 30 %. The issue's
-target is 15 %; on the shared 2-core test host (load average 2-35) seven runs of this test
-were off by -17.3 % to +7.3 %, and the PP=2 run alone measured 59-77 ms load-corrected from
-run to run (docs/planner.md, Calibration), so 30 % is what holds there.
+written and used by later plans, train's perf.json/perf.md carry the load-corrected step time,
+and the other layout is predicted within 25 %. The issue's target is 15 %: 18 of 19 runs of
+this test on the shared 2-core test host met it (docs/planner.md, Calibration: -20.0 % to
++14.8 % at load average 3-7, -13.5 % to +11.2 % with two extra busy processes, mean |error|
+6.7 %), so 15 % is not reliable there and 25 % is the bound with headroom. What is left is
+run-to-run noise of the measurement (the one-rank run 58-69 ms, PP=2 56-78 ms corrected), not a
+term of the model: under load the ranks' own CPU seconds grow, which no wait correction removes.
 """
 
 from __future__ import annotations
@@ -75,5 +78,11 @@ def test_calibrated_plan_predicts_another_layout(tmp_path: Path) -> None:
     assert later.exit_code == 0, later.output
     predicted = json.loads(later.stdout)["ranked"][0]["step_s"]
     measured = load_measured_run(two).step_s
-    print(f"PP2/MBS2 predicted {predicted:.4f} s, measured {measured:.4f} s")
-    assert predicted == pytest.approx(measured, rel=0.30)
+    perf = json.loads((two / "perf.json").read_text())  # train's predicted-vs-measured record
+    assert perf["load_corrected_step_s"] == pytest.approx(measured)
+    assert "| step time, load-corrected (s) |" in (two / "perf.md").read_text()
+    print(
+        f"PP2/MBS2 predicted {predicted:.4f} s, measured {measured:.4f} s, error "
+        f"{predicted / measured - 1:+.1%}; calibration run {load_measured_run(one).step_s:.4f} s"
+    )
+    assert predicted == pytest.approx(measured, rel=0.25)
