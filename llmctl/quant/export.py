@@ -142,6 +142,8 @@ def find_run_checkpoint(
         raise UserError(f"checkpoint {check.path} is not usable: {check.reason}{hint}")
     prefix, tok = _run_data(cfg)
     tok_path = tokenizer or (Path(tok) if tok else None)
+    if tok_path is not None and tok_path.is_file():
+        _eos_token(tok_path)  # a file that is no tokenizer: one line now, not after the weights
     return RunCheckpoint(
         run_dir=run_dir,
         path=check.path,
@@ -530,7 +532,10 @@ def _eos_token(tokenizer_json: Path) -> tuple[str | None, int | None]:
         eos = json.loads(config.read_text()).get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         names = [eos] if isinstance(eos, str) else []
-    tok = Tokenizer.from_file(str(tokenizer_json))
+    try:
+        tok = Tokenizer.from_file(str(tokenizer_json))
+    except Exception as exc:  # the tokenizers library raises a bare Exception
+        raise UserError(f"tokenizer {tokenizer_json} is not a tokenizer.json ({exc})") from None
     for name in [*names, *EOD_CANDIDATES]:
         if (i := tok.token_to_id(name)) is not None:
             return name, int(i)

@@ -156,6 +156,17 @@ def test_corrupt_checkpoint_hint_names_a_step_that_is_complete(run: dict, tmp_pa
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+def test_a_tokenizer_that_is_no_tokenizer_is_one_line_before_any_weight(
+    run: dict, tmp_path: Path
+) -> None:
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"my": "notes"')
+    with pytest.raises(UserError) as err:
+        export_run(Path(run["run"]), tmp_path / "x", tokenizer=bad)
+    assert err.value.message.startswith(f"tokenizer {bad} is not a tokenizer.json (")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json"]
+
+
 def test_quantize_run_dir_exports_on_the_fly(run: dict) -> None:
     from llmctl.quant.quantize import quantize_source
 
