@@ -332,6 +332,7 @@ permutations, one minimum each)."""
 _FMIX32_C1 = np.uint32(0x85EBCA6B)
 _FMIX32_C2 = np.uint32(0xC2B2AE35)
 _PROBE_ROUNDS = 32
+_SLOT_BLOCK = 1 << 20
 _MAX_PROBES = 2048
 
 
@@ -378,13 +379,19 @@ class MinHasher:
         """(num_docs, num_perm) uint32 signatures; an empty document gets all 0xFFFFFFFF."""
         k, num_docs = self.num_perm, len(offsets) - 1
         y = fmix32(np.asarray(hashes, dtype=np.uint32) ^ self.key())
-        doc = np.repeat(np.arange(num_docs, dtype=np.int64), np.diff(offsets))
-        slot = doc * k + ((y.astype(np.uint64) * np.uint64(k)) >> np.uint64(32)).astype(np.int64)
         flat = np.full(num_docs * k, _MAX_HASH, dtype=np.uint32)
-        np.minimum.at(flat, slot, y)
-        filled = np.bincount(slot, minlength=num_docs * k).reshape(num_docs, k) > 0
+        filled = np.zeros(num_docs * k, dtype=bool)
+        for start in range(0, len(y), _SLOT_BLOCK):  # bounded temporaries for huge documents
+            part = y[start : start + _SLOT_BLOCK]
+            within = np.diff(np.clip(offsets, start, start + len(part)))
+            doc = np.repeat(np.arange(num_docs, dtype=np.int64), within)
+            slot = doc * k + ((part.astype(np.uint64) * np.uint64(k)) >> np.uint64(32)).astype(
+                np.int64
+            )
+            np.minimum.at(flat, slot, part)
+            filled[slot] = True
         sig = flat.reshape(num_docs, k)
-        self._densify(sig, filled, offsets)
+        self._densify(sig, filled.reshape(num_docs, k), offsets)
         return sig
 
     def _densify(self, sig: np.ndarray, filled: np.ndarray, offsets: np.ndarray) -> None:

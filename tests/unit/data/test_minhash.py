@@ -89,6 +89,15 @@ def test_signatures_equal_the_one_permutation_definition_and_empty_docs_are_max(
     assert np.array_equal(compute_signatures(docs, hasher, ngram=3), sig)
 
 
+def test_signatures_do_not_depend_on_the_shingle_block_size(monkeypatch) -> None:
+    import llmctl.data.minhash as minhash
+
+    h, off = shingle_hashes([*_random_docs(2, 20), "", "x y"], 3)
+    want = MinHasher(48, seed=2).signatures(h, off)
+    monkeypatch.setattr(minhash, "_SLOT_BLOCK", 7)  # documents straddle many blocks
+    assert np.array_equal(MinHasher(48, seed=2).signatures(h, off), want)
+
+
 def test_densification_past_the_probe_budget_takes_the_next_filled_bin(monkeypatch) -> None:
     import llmctl.data.minhash as minhash
 
