@@ -11,12 +11,13 @@ a uniformly faster or slower host.
 
 What is asserted: the calibration reproduces the run it was fitted on within 10 %, the file is
 written and used by later plans, train's perf.json/perf.md carry the load-corrected step time,
-and the other layout is predicted within 25 %. The issue's target is 15 %: 18 of 19 runs of
+and the other layout is predicted within 25 %. The issue's target is 15 %: 24 of 25 runs of
 this test on the shared 2-core test host met it (docs/planner.md, Calibration: -20.0 % to
-+14.8 % at load average 3-7, -13.5 % to +11.2 % with two extra busy processes, mean |error|
-6.7 %), so 15 % is not reliable there and 25 % is the bound with headroom. What is left is
-run-to-run noise of the measurement (the one-rank run 58-69 ms, PP=2 56-78 ms corrected), not a
-term of the model: under load the ranks' own CPU seconds grow, which no wait correction removes.
++14.8 %, mean |error| 6.9 %, lightly loaded and with two extra busy processes), so 15 % is
+not reliable there and 25 % is the bound with headroom. What is left is run-to-run noise of
+the measurement (the one-rank run 54-69 ms, PP=2 55-78 ms corrected), not a term of the
+model: the host's speed moves between the two runs, and under load the ranks' own CPU seconds
+grow, which no wait correction removes. 48 steps each: the launches' start-up dominates.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from llmctl.config.planning import load_measured_run
 from llmctl.train.rundir import create_run_dir
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-BASE = ["model.num_layers=4", "train.train_iters=24", "train.eval_interval=0"]
+BASE = ["model.num_layers=4", "train.train_iters=48", "train.eval_interval=0"]
 
 
 def _train(tmp: Path, name: str, cache: Path, overrides: list[str], nproc: int) -> Path:
