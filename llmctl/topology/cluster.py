@@ -42,31 +42,13 @@ GPU_ACHIEVABLE_FRACTION = {
     "fp4": 0.5,
 }
 CPU_ACHIEVABLE_FRACTION = {"fp32": 0.3, "bf16": 0.3}
-_A100_EFFICIENCY = {
-    "attention": 0.4975,
-    "tp_overlap": 0.0,
-    "p2p_overlap": 0.9,
-    "elementwise_passes": 10.8,
-    "layer_overhead_us": 475.0,
-    "chunk_overhead_us": 450.0,
-    "cp_step_overhead_us": 1200.0,
-    "step_overhead_s": 0.0375,
-}
-_H100_EFFICIENCY = {
-    "attention": 0.4975,
-    "tp_overlap": 0.4125,
-    "p2p_overlap": 0.9,
-    "elementwise_passes": 16.85,
-    "layer_overhead_us": 30.0,
-    "chunk_overhead_us": 450.0,
-    "cp_step_overhead_us": 1200.0,
-}
-#: Step-time knobs fitted on published runs (benchmarks/plan_fit.py), per GPU key: the same
-#: values as configs/cluster/dgx_a100_80gb.yaml and dgx_h100.yaml (a test keeps them equal).
-FITTED: dict[str, tuple[dict[str, float], dict[str, float]]] = {
-    "a100_80gb_sxm": ({"bf16": 0.8262, "fp16": 0.8262}, _A100_EFFICIENCY),
-    "h100_sxm": ({"fp8": 0.64}, _H100_EFFICIENCY),
-    "h200_sxm": ({"fp8": 0.64}, _H100_EFFICIENCY),
+#: Known GPUs whose step-time knobs were fitted on published runs (benchmarks/plan_fit.py):
+#: their achievable fractions and efficiency knobs are read from these shipped
+#: configs/cluster files at run time, so `topo --out` cannot drift from them.
+FITTED_CLUSTER_FILES = {
+    "a100_80gb_sxm": "dgx_a100_80gb",
+    "h100_sxm": "dgx_h100",
+    "h200_sxm": "dgx_h200",
 }
 ASSUMED_ETHERNET_GBPS = 1.25  # 10 GbE, GB/s
 IB_LATENCY_US = 5.0
@@ -167,15 +149,29 @@ def _gpu_description(topology: Topology, gpu: str | None) -> tuple[dict[str, Any
         "nccl_buffer_gib": 1.0,
         "fragmentation_fraction": 0.05,
         "sm_count": known.sm_count if known else 0,
-        "efficiency": dict(FITTED[known.key][1]) if known and known.key in FITTED else {},
+        "efficiency": dict(fitted_knobs(known)[1]),
     } | _common(topology)
     return desc, [*topology.warnings, *warnings, *net_warnings, *domain_warnings]
 
 
 def _fractions(known: KnownGpu | None) -> dict[str, float]:
     keys = known.peak_tflops if known else ("fp32", "bf16")
-    fitted = FITTED[known.key][0] if known and known.key in FITTED else {}
+    fitted = fitted_knobs(known)[0]
     return {k: fitted.get(k, GPU_ACHIEVABLE_FRACTION[k]) for k in keys}
+
+
+def fitted_knobs(known: KnownGpu | None) -> tuple[dict[str, float], dict[str, Any]]:
+    """The achievable fractions and efficiency knobs of the shipped cluster file fitted for
+    `known` (see FITTED_CLUSTER_FILES); empty dicts for other GPUs."""
+    import yaml
+
+    from llmctl.config.resources import resource_dir
+
+    name = FITTED_CLUSTER_FILES.get(known.key) if known else None
+    if name is None:
+        return {}, {}
+    data = yaml.safe_load((resource_dir("configs") / "cluster" / f"{name}.yaml").read_text())
+    return dict(data.get("achievable_fraction") or {}), dict(data.get("efficiency") or {})
 
 
 def _domain(topology: Topology, known: KnownGpu | None) -> tuple[int, list[str]]:

@@ -1,5 +1,7 @@
 """The known-GPU table: name matching and datasheet structure."""
 
+from pathlib import Path
+
 import pytest
 
 from llmctl.topology import KNOWN_GPUS, match_gpu
@@ -43,13 +45,22 @@ def test_dense_rates_follow_the_tensor_core_ladder(gpu) -> None:
     assert gpu.nvlink_bandwidth_gb_s * 2 in (600.0, 900.0, 1800.0)
 
 
-def test_fitted_knobs_equal_the_shipped_cluster_files() -> None:
-    """`topo --out` writes the same fitted step-time knobs as configs/cluster/dgx_*.yaml."""
+@pytest.mark.parametrize(
+    ("gpu", "fixture", "cluster"),
+    [
+        ("a100_80gb_sxm", "dgx_a100.txt", "dgx_a100_80gb"),
+        ("h100_sxm", "dgx_h100.txt", "dgx_h100"),
+        ("h200_sxm", "dgx_h100.txt", "dgx_h200"),
+    ],
+)
+def test_fitted_knobs_equal_the_shipped_cluster_files(
+    gpu: str, fixture: str, cluster: str, fixtures: Path
+) -> None:
+    """`topo --out` of a DGX writes the fitted step-time knobs of configs/cluster/dgx_*.yaml."""
     from llmctl.config import compose
-    from llmctl.topology.cluster import FITTED
+    from llmctl.topology import cluster_description, load_topology
 
-    for key, cluster in (("a100_80gb_sxm", "dgx_a100_80gb"), ("h100_sxm", "dgx_h100")):
-        cfg = compose("tiny_cpu", [f"cluster={cluster}"]).cluster
-        fractions, efficiency = FITTED[key]
-        assert {k: cfg.achievable_fraction[k] for k in fractions} == fractions
-        assert dict(cfg.efficiency) == efficiency
+    desc, _ = cluster_description(load_topology(fixtures / fixture), gpu=gpu)
+    cfg = compose("tiny_cpu", [f"cluster={cluster}"]).cluster
+    assert desc["achievable_fraction"] == dict(cfg.achievable_fraction)
+    assert desc["efficiency"] == dict(cfg.efficiency)
