@@ -12,6 +12,7 @@ from rich.text import Text
 
 from llmctl.cli.common import (
     ClusterFileOpt,
+    ForceOpt,
     JsonOpt,
     LayoutFlags,
     RecipeArgs,
@@ -66,6 +67,7 @@ def plan(
     calibrate: CalibrateOpt = None,
     out: OutOpt = None,
     cluster_file: ClusterFileOpt = None,
+    force: ForceOpt = False,
     *,
     layout: LayoutFlags,
 ) -> None:
@@ -81,7 +83,7 @@ def plan(
         check_plot_path(plot)
     cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
     save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
-    result = plan_config(cfg, calibrate, save_to)
+    result = plan_config(cfg, calibrate, save_to, force)
     if as_json:
         from llmctl.plan.report import result_dict
 

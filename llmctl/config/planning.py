@@ -378,38 +378,77 @@ def cluster_yaml(cfg: RootConfig, cluster: ClusterSpec, run_dirs: list[str]) -> 
     return "\n".join(head) + "\n" + str(yaml.safe_dump(body, sort_keys=False))
 
 
-def save_calibrated(path: str | Path, text: str) -> Path:
-    """Write a calibrated cluster file; refuse to overwrite a file llmctl did not write.
+def check_calibrated_out(path: str | Path, force: bool = False) -> None:
+    """`plan --calibrate --out PATH` may write only where nothing is, or (`force`) over its own
+    earlier file.
 
     Raises:
-        UserError: `path` exists and was not written by `llmctl plan --calibrate`.
+        UserError: PATH is a folder, lies under a file or a read-only folder, exists without
+            `force`, or was not written by `llmctl plan --calibrate`.
     """
+    from llmctl.data.outputs import check_writable_parent
+    from llmctl.staging import exists_error, not_ours_error
+
     out = Path(path)
-    if out.exists() and not out.read_text(errors="replace").startswith(CALIBRATED_HEADER):
-        raise UserError(
-            f"{out} exists and was not written by `llmctl plan --calibrate`; pass another --out"
-        )
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    check_writable_parent(out)
+    if out.is_dir():
+        raise UserError(f"{out} is a folder; plan --calibrate --out writes a cluster YAML file")
+    if not out.exists():
+        return
+    if not force:
+        raise exists_error(out)
+    try:
+        ours = out.read_text(errors="replace").startswith(CALIBRATED_HEADER)
+    except OSError as exc:
+        raise UserError(f"cannot read {out}: {exc.strerror}") from None
+    if not ours:
+        raise not_ours_error(out)
+
+
+def save_calibrated(path: str | Path, text: str, force: bool = False) -> Path:
+    """Write a calibrated cluster file whole or not at all (a hidden temporary file renamed
+    into place); refuse to overwrite a file llmctl did not write.
+
+    Raises:
+        UserError: see `check_calibrated_out`; or the file cannot be written.
+    """
+    import os
+
+    check_calibrated_out(path, force)
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.llmctl-partial-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {out}: {exc.strerror}") from None
     return out
 
 
 def plan_config(
-    cfg: RootConfig, calibrate_dirs: list[str] | None = None, save_to: str | None = None
+    cfg: RootConfig,
+    calibrate_dirs: list[str] | None = None,
+    save_to: str | None = None,
+    force: bool = False,
 ) -> PlanResult:
     """Plan a composed configuration, after calibrating the cluster on measured runs (and
-    writing the calibrated cluster description to `save_to`).
+    writing the calibrated cluster description to `save_to`; `force` replaces llmctl's own
+    earlier file there).
 
     Raises:
         UserError: an impossible explicit layout (the message names the failing product),
-            an unreadable run directory, or a cluster without a peak for the compute dtype.
+            an unreadable run directory, a cluster without a peak for the compute dtype, or a
+            `save_to` that cannot be written (checked before any work).
     """
+    if calibrate_dirs and save_to:
+        check_calibrated_out(save_to, force)
     inp = plan_input(cfg)
     if calibrate_dirs:
         inp = replace(inp, cluster=calibrated_cluster(inp.cluster, calibrate_dirs))
         if save_to:
-            save_calibrated(save_to, cluster_yaml(cfg, inp.cluster, calibrate_dirs))
+            save_calibrated(save_to, cluster_yaml(cfg, inp.cluster, calibrate_dirs), force)
     try:
         result = plan(inp)
         published = cfg.plan.published_layout

@@ -71,6 +71,45 @@ def test_calibrate_names_the_missing_file(tmp_path: Path) -> None:
     assert "Traceback" not in bad.output
 
 
+@pytest.mark.parametrize("where", ["folder", "under_file", "exists", "not_ours_forced"])
+def test_calibrate_out_that_cannot_be_written_is_one_line(
+    tmp_path: Path, where: str, run_main
+) -> None:
+    """-o a folder, a path under a file, or a file that is there: one line, rc 2, before any
+    run is read (the run dir here is missing), and the file in the way is left as it was."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    (tmp_path / "adir").mkdir()
+    out = {
+        "folder": tmp_path / "adir",
+        "under_file": notes / "c.yaml",
+        "exists": notes,
+        "not_ours_forced": notes,
+    }[where]
+    force = ["--force"] if where == "not_ours_forced" else []
+    args = ["plan", R70, "--calibrate", str(tmp_path / "missing"), "-o", str(out), *force]
+    code, stdout, stderr = run_main(args)
+    assert code == 2 and stdout == "", stderr
+    assert len(stderr.strip().splitlines()) == 1 and str(out) in stderr, stderr
+    assert "no perf.json" not in stderr and "Traceback" not in stderr
+    assert notes.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "notes.txt"]
+    assert not any((tmp_path / "adir").iterdir())
+
+
+def test_calibrated_file_is_replaced_only_with_force(tmp_path: Path) -> None:
+    from llmctl.config.planning import CALIBRATED_HEADER, save_calibrated
+    from llmctl.errors import UserError
+
+    out = tmp_path / "c.yaml"
+    save_calibrated(out, f"{CALIBRATED_HEADER}\nname: a\n")
+    with pytest.raises(UserError, match="exists; pass --force"):
+        save_calibrated(out, f"{CALIBRATED_HEADER}\nname: b\n")
+    save_calibrated(out, f"{CALIBRATED_HEADER}\nname: b\n", force=True)
+    assert out.read_text().endswith("name: b\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
 PLANNING_RECIPES = [
     "llama3_8b_pretrain_8gpu_h100_fp8",
     "llama3_70b_pretrain_64gpu_h100_fp8",
