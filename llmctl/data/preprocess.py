@@ -361,8 +361,9 @@ class RunPlan:
     """How the run was started, when not by this process (a SLURM job records the submitter)."""
 
 
-def plan_run(cfg: PreprocessConfig, prefix: Path) -> RunPlan:
-    """Load the tokenizer, cut the inputs into chunks, and prepare `<prefix>.llmctl-tmp/`."""
+def plan_run(cfg: PreprocessConfig, prefix: Path, stage: bool = True) -> RunPlan:
+    """Load the tokenizer, cut the inputs into chunks, and (`stage`) prepare
+    `<prefix>.llmctl-tmp/`; without `stage` nothing is written (see `stage_run`)."""
     spec = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_kind)
     if cfg.eod_token:
         spec = TokenizerSpec(spec.path, spec.kind, cfg.eod_token)
@@ -371,10 +372,16 @@ def plan_run(cfg: PreprocessConfig, prefix: Path) -> RunPlan:
     chunks, scans = plan_chunks(discover(list(cfg.inputs)), cfg.chunk_bytes)
     tokenizer_id = {**spec.identity(), "vocab_size": tok.vocab_size, "eod": tok.eod}
     plan = _fingerprint(cfg, scans, tokenizer_id, chunks)
-    make_parent(prefix)
     work_dir = prefix.with_name(prefix.name + ".llmctl-tmp")
-    done = _prepare_work_dir(work_dir, plan)
-    return RunPlan(spec, tok, chunks, plan, work_dir, done)
+    run = RunPlan(spec, tok, chunks, plan, work_dir, set())
+    return stage_run(run, prefix) if stage else run
+
+
+def stage_run(run: RunPlan, prefix: Path) -> RunPlan:
+    """Create `run.work_dir` (keeping an earlier run's finished shards if its plan matches)."""
+    make_parent(prefix)
+    run.done = _prepare_work_dir(run.work_dir, run.plan)
+    return run
 
 
 def run_chunk_here(cfg: PreprocessConfig, run: RunPlan, index: int) -> dict[str, Any]:

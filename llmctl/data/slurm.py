@@ -4,7 +4,7 @@ dependent job that finishes (dedup: clustering and output; preprocess: merge and
 Render, then execute. `render_dedup_scripts` is pure: from a job folder and the number of
 chunks it returns two sbatch scripts, an array job whose task i computes the signatures and
 LSH band keys of input chunk i (`signature_shard`), and a final job that clusters, reports and
-writes the kept documents (`dedup.finish`). `execute_dedup_scripts` is the one function that
+writes the kept documents (`dedup.finish`). `_stage_and_submit` is the one function that
 calls sbatch: the final job depends on the array (`--dependency=afterok:<array id>`), so it
 runs only when every shard succeeded. A failed array task can be resubmitted alone; finished
 shards are kept (their `.done.json` markers) and skipped.
@@ -12,6 +12,9 @@ shards are kept (their `.done.json` markers) and skipped.
 The job folder (beside the output folder, `<output>.llmctl-tmp/`) holds `job.json` (the
 options and the chunk plan), the scripts, the shards and the SLURM logs; it must be on a file
 system every node sees, and every node must run the same Python (`sys.executable`).
+The inputs are checked before the folder is made (each chunk read up to its first document: a
+bad first record or no document at all is one line, exit code 2); `--print-script` renders the
+scripts to stdout and writes nothing.
 Run as a module, this file is what the scripts call: `python -m llmctl.data.slurm
 signatures|finish|preprocess-shard|preprocess-merge JOB_JSON [TASK_ID]`.
 
@@ -27,9 +30,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,7 @@ from llmctl.data.dedup import (
     plan,
     prepare_work_dir,
     signature_shard,
+    work_dir_for,
 )
 from llmctl.data.manifest import read_json, write_json_atomic
 from llmctl.data.minhash import SIGNATURE_SCHEME, ShingleUnit
@@ -53,8 +59,17 @@ from llmctl.data.preprocess import (
     output_paths,
     plan_run,
     run_chunk_here,
+    stage_run,
 )
-from llmctl.data.readers import BadInputError, Chunk, FileScan, InputKind, OnError
+from llmctl.data.readers import (
+    DEFAULT_MAX_DOC_BYTES,
+    BadInputError,
+    Chunk,
+    FileScan,
+    InputKind,
+    OnError,
+    iter_documents,
+)
 from llmctl.data.tokenizer import Tokenizer, TokenizerSpec
 from llmctl.errors import UserError
 
@@ -144,15 +159,6 @@ def _sbatch(args: list[str]) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def execute_dedup_scripts(
-    job_dir: Path, array: str = ARRAY_SCRIPT, final: str = FINAL_SCRIPT
-) -> tuple[str, str]:
-    """Submit the array, then the final job after it; return both job ids."""
-    array_id = _sbatch([str(job_dir / array)])
-    final_id = _sbatch([f"--dependency=afterok:{array_id}", str(job_dir / final)])
-    return array_id, final_id
-
-
 def _save_job(job_dir: Path, cfg: DedupConfig, chunks: list[Chunk], scans: list[FileScan]) -> None:
     payload = {
         "config": {k: (str(v) if hasattr(v, "value") else v) for k, v in asdict(cfg).items()},
@@ -190,26 +196,98 @@ def load_job(job_json: Path) -> tuple[DedupConfig, list[Chunk], list[FileScan]]:
     return cfg, chunks, scans
 
 
+def check_inputs(
+    chunks: list[Chunk],
+    inputs: list[str],
+    *,
+    text_field: str,
+    on_error: OnError | str,
+    keep_empty: bool = False,
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
+) -> None:
+    """Read each chunk up to its first document, before anything is staged or submitted: a bad
+    first record (under on_error=fail) or no document in any chunk is a user error now, not a
+    failed array task later.
+
+    Raises:
+        UserError: the bad record (file:line: problem), or "no documents in INPUTS".
+    """
+    from contextlib import closing
+
+    found = False
+    for chunk in chunks:
+        docs = iter_documents(
+            chunk,
+            text_field=text_field,
+            on_error=on_error,
+            keep_empty=keep_empty,
+            keep_raw=False,
+            max_doc_bytes=max_doc_bytes,
+        )
+        try:
+            with closing(docs):
+                found = next(docs, None) is not None or found
+        except BadInputError as e:
+            raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
+    if not found:
+        raise UserError(f"no documents in {', '.join(inputs)}")
+
+
+def _stage_and_submit(
+    job_dir: Path, write: Callable[[], None], array: str, final: str
+) -> tuple[str, str]:
+    """Write the job folder, submit the array, then the final job after it; return both ids.
+
+    A folder this call created is removed if writing it or submitting the array fails
+    (nothing runs from it then); once the array is submitted it stays.
+    """
+    existed = job_dir.exists()
+    try:
+        write()
+        array_id = _sbatch([str(job_dir / array)])
+    except BaseException:
+        if not existed:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        raise
+    final_id = _sbatch([f"--dependency=afterok:{array_id}", str(job_dir / final)])
+    return array_id, final_id
+
+
+def _rendered(job_dir: Path, num_tasks: int, scripts: dict[str, str]) -> dict[str, Any]:
+    text = "\n".join(f"# --- {n}\n{t}" for n, t in scripts.items())
+    return {"job_dir": str(job_dir), "num_tasks": num_tasks, "text": text}
+
+
 def submit_dedup(
     cfg: DedupConfig, opts: SlurmOptions, *, render_only: bool = False
 ) -> dict[str, Any]:
-    """Plan, write the job folder and scripts, and (unless render_only) submit them."""
+    """Plan and check the inputs; then either render the scripts (`render_only`: nothing is
+    written), or write the job folder and scripts and submit them.
+
+    Raises:
+        UserError: bad options, a bad first record or no documents, or sbatch failing (the job
+            folder is then removed unless an earlier submission made it).
+    """
     cfg.validate()
     if cfg.dry_run or cfg.output_dir is None:
         raise UserError("--launcher slurm needs --out DIR (use --print-script to preview)")
     chunks, scans = plan(cfg)
     check_collisions(Path(cfg.output_dir), output_names(chunks))
-    job_dir = prepare_work_dir(cfg, chunks, scans)
-    _save_job(job_dir, cfg, chunks, scans)
+    check_inputs(chunks, list(cfg.inputs), text_field=cfg.text_field, on_error=cfg.on_error)
+    job_dir = work_dir_for(cfg)
     scripts = render_dedup_scripts(job_dir, len(chunks), opts, sys.executable)
-    for name, text in scripts.items():
-        (job_dir / name).write_text(text)
-    result: dict[str, Any] = {"job_dir": str(job_dir), "num_tasks": len(chunks)}
     if render_only:
-        result["text"] = "\n".join(f"# --- {n}\n{t}" for n, t in scripts.items())
-        return result
-    array_id, final_id = execute_dedup_scripts(job_dir)
+        return _rendered(job_dir, len(chunks), scripts)
+
+    def write() -> None:
+        prepare_work_dir(cfg, chunks, scans)
+        _save_job(job_dir, cfg, chunks, scans)
+        for name, text in scripts.items():
+            (job_dir / name).write_text(text)
+
+    array_id, final_id = _stage_and_submit(job_dir, write, ARRAY_SCRIPT, FINAL_SCRIPT)
     report = Path(cfg.output_dir) / "dedup_report.json"
+    result: dict[str, Any] = {"job_dir": str(job_dir), "num_tasks": len(chunks)}
     result.update(array_job=array_id, final_job=final_id, report=str(report))
     result["text"] = (
         f"submitted array job {array_id} ({len(chunks)} tasks) and clustering job {final_id}; "
@@ -253,7 +331,12 @@ def load_preprocess_job(job_json: Path) -> tuple[PreprocessConfig, RunPlan]:
 def submit_preprocess(
     cfg: PreprocessConfig, opts: SlurmOptions, *, render_only: bool = False
 ) -> dict[str, Any]:
-    """Plan, write the job folder and scripts, and (unless render_only) submit them."""
+    """Plan and check the inputs; then either render the scripts (`render_only`: nothing is
+    written), or write the job folder and scripts and submit them.
+
+    Raises:
+        UserError: see `submit_dedup`.
+    """
     prefix = Path(cfg.output_prefix).absolute()
     check_file_targets(output_paths(prefix), cfg.force, f"the dataset {prefix}")
     cfg = replace(
@@ -262,17 +345,29 @@ def submit_preprocess(
         inputs=[str(Path(p).absolute()) for p in cfg.inputs],
         tokenizer=str(Path(cfg.tokenizer).absolute()),
     )
-    with OutputLock(prefix):
-        run = plan_run(cfg, prefix)
-        _save_preprocess_job(run.work_dir, cfg, run)
-        scripts = render_preprocess_scripts(run.work_dir, len(run.chunks), opts, sys.executable)
-        for name, text in scripts.items():
-            (run.work_dir / name).write_text(text)
-    result: dict[str, Any] = {"job_dir": str(run.work_dir), "num_tasks": len(run.chunks)}
+    run = plan_run(cfg, prefix, stage=False)
+    check_inputs(
+        run.chunks,
+        list(cfg.inputs),
+        text_field=cfg.text_field,
+        on_error=cfg.on_error,
+        keep_empty=not cfg.drop_empty,
+        max_doc_bytes=cfg.max_doc_bytes,
+    )
+    scripts = render_preprocess_scripts(run.work_dir, len(run.chunks), opts, sys.executable)
     if render_only:
-        result["text"] = "\n".join(f"# --- {n}\n{t}" for n, t in scripts.items())
-        return result
-    array_id, final_id = execute_dedup_scripts(run.work_dir, PRE_ARRAY_SCRIPT, PRE_FINAL_SCRIPT)
+        return _rendered(run.work_dir, len(run.chunks), scripts)
+
+    def write() -> None:
+        with OutputLock(prefix):
+            stage_run(run, prefix)
+            _save_preprocess_job(run.work_dir, cfg, run)
+            for name, text in scripts.items():
+                (run.work_dir / name).write_text(text)
+
+    work_dir = run.work_dir
+    array_id, final_id = _stage_and_submit(work_dir, write, PRE_ARRAY_SCRIPT, PRE_FINAL_SCRIPT)
+    result: dict[str, Any] = {"job_dir": str(run.work_dir), "num_tasks": len(run.chunks)}
     result.update(array_job=array_id, final_job=final_id, prefix=str(prefix))
     result["text"] = (
         f"submitted array job {array_id} ({len(run.chunks)} tasks) and merge job {final_id}; "

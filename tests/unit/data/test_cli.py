@@ -67,7 +67,43 @@ def test_slurm_print_script_renders_without_submitting(tmp_path: Path, write_jso
     job = json.loads(result.stdout)
     assert job["num_tasks"] == 1 and "array_job" not in job
     assert "#SBATCH --array=0-0" in job["text"] and not out.exists()
-    assert (Path(job["job_dir"]) / "job.json").is_file()
+    assert f"{job['job_dir']}/job.json" in job["text"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # nothing written
+
+
+def test_slurm_preprocess_print_script_writes_nothing(
+    tmp_path: Path, write_jsonl, hf_tokenizer: Path
+) -> None:
+    path = write_jsonl(tmp_path / "in.jsonl", ["a b c", "d e f"])
+    args = ["data", "preprocess", str(path), "-o", str(tmp_path / "ds"), "-t", str(hf_tokenizer)]
+    result = runner.invoke(app, [*args, "--launcher", "slurm", "--print-script"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --array=0-0" in result.stdout and "preprocess-merge" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_slurm_user_errors_are_one_line_and_leave_nothing(
+    tmp_path: Path, hf_tokenizer: Path, run_main
+) -> None:
+    """A missing text field or an empty input fails at submission (rc 2, one line), before
+    any job folder, script or lock is written; no sbatch is reached."""
+    (tmp_path / "body.jsonl").write_text('{"body": "a b c"}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    inputs = sorted(p.name for p in tmp_path.iterdir())
+    tok = ["-t", str(hf_tokenizer)]
+    cases = [
+        ("dedup", "body.jsonl", [], "body.jsonl:1: missing text field ('text')"),
+        ("dedup", "empty.jsonl", [], "no documents in"),
+        ("preprocess", "body.jsonl", tok, "body.jsonl:1: missing text field ('text')"),
+        ("preprocess", "empty.jsonl", tok, "no documents in"),
+    ]
+    for command, name, extra, line in cases:
+        for print_script in ([], ["--print-script"]):
+            argv = ["data", command, str(tmp_path / name), "-o", str(tmp_path / "out"), *extra]
+            code, stdout, stderr = run_main([*argv, "--launcher", "slurm", *print_script])
+            assert (code, stdout) == (2, ""), stderr
+            assert stderr.count("\n") == 1 and line in stderr, stderr
+            assert sorted(p.name for p in tmp_path.iterdir()) == inputs
 
 
 def test_sizes_below_their_minimum_are_one_line_before_any_work(
