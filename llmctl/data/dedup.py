@@ -55,6 +55,7 @@ from llmctl.data.outputs import (
     OutputLock,
     check_collisions,
     check_dir_target,
+    check_workers,
     command_line,
     commit_dir,
     interruptible,
@@ -166,6 +167,7 @@ class DedupConfig:
             raise UserError(
                 f"bands={self.bands}, rows={self.rows}, ngram={self.ngram} must be >= 1"
             )
+        check_workers(self.num_workers)
         if self.output_dir is None and not self.dry_run:
             raise UserError("dedup needs an output folder (--out DIR, or --dry-run)")
         if self.output_dir is not None and not self.dry_run:

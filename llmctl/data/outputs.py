@@ -301,6 +301,16 @@ def command_line() -> dict[str, Any]:
     }
 
 
+def check_workers(requested: int) -> None:
+    """`-j N` must be >= 0 (0: one process per core).
+
+    Raises:
+        UserError: a negative N.
+    """
+    if requested < 0:
+        raise UserError(f"-j/--workers must be >= 0 (0: one per core), got {requested}")
+
+
 def resolve_workers(requested: int) -> int:
     """Worker processes for `-j N`: 0 means one per core; more than the cores is capped, with
     a one-line note on stderr (more processes than cores only adds memory and switching)."""

@@ -37,6 +37,7 @@ from llmctl.data.outputs import (
     Interrupted,
     OutputLock,
     check_file_targets,
+    check_workers,
     command_line,
     interruptible,
     make_parent,
@@ -109,6 +110,7 @@ class PreprocessConfig:
         for flag, value in (("--chunk-mb", self.chunk_bytes), ("--max-doc-mb", self.max_doc_bytes)):
             if value < 1:  # a zero chunk size never advanced: memory grew without bound
                 raise UserError(f"{flag} must be >= 1, got {value >> 20}")
+        check_workers(self.num_workers)
 
 
 @dataclass(frozen=True, slots=True)

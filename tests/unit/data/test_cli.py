@@ -126,6 +126,11 @@ def test_sizes_below_their_minimum_are_one_line_before_any_work(
         ([*pre, "--max-doc-mb", "0"], "error: --max-doc-mb must be >= 1, got 0"),
         ([*tok, "--vocab-size", "10"], "error: --vocab-size must be >= 257 (256 byte tokens"),
         ([*tok, "--min-frequency", "-3"], "error: --min-frequency must be >= 0, got -3"),
+        ([*pre[:-2], "-j", "-1"], "error: -j/--workers must be >= 0 (0: one per core), got -1"),
+        (
+            ["data", "dedup", str(corpus), "-o", str(tmp_path / "dd"), "-j", "-2"],
+            "error: -j/--workers must be >= 0 (0: one per core), got -2",
+        ),
     ]
     for argv, line in cases:
         code, stdout, stderr = run_main(argv)
