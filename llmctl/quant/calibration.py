@@ -45,6 +45,8 @@ def open_tokens(prefix: str | Path) -> np.ndarray:
         dtype = read_header(prefix).dtype
     except ValueError as e:
         raise UserError(f"calibration data {prefix}: {e}") from e
+    if bin_path(prefix).stat().st_size == 0:  # np.memmap cannot map an empty file
+        raise UserError(_no_tokens(prefix, "an empty indexed dataset"))
     return np.memmap(bin_path(prefix), dtype=dtype, mode="r")
 
 
@@ -91,14 +93,24 @@ def text_tokens(path: str | Path, tokenizer: str | Path) -> np.ndarray:
     if not p.is_file():
         raise UserError(f"data {path} not found")
     tok = Tokenizer(resolve_tokenizer(tokenizer))
-    docs = _read_documents(p)
-    ids = [t for doc in tok.encode_batch(docs) for t in (*doc, tok.eod)]
+    encoded = tok.encode_batch(_read_documents(p))
+    if not any(len(doc) for doc in encoded):
+        raise UserError(_no_tokens(path, "an empty file or only empty documents"))
+    ids = [t for doc in encoded for t in (*doc, tok.eod)]
     return np.asarray(ids, dtype=np.int64)
+
+
+def _no_tokens(data: str | Path, why: str) -> str:
+    return f"data {data} has no tokens ({why}); pass --data with text to calibrate on"
 
 
 def load_tokens(data: str | Path, tokenizer: str | Path | None) -> np.ndarray:
     """Token stream of `data`: an indexed prefix (already tokenized) or a JSONL/text file
-    (tokenized here with `tokenizer`, the model's own)."""
+    (tokenized here with `tokenizer`, the model's own).
+
+    Raises:
+        UserError: missing or malformed data, or data without a single token.
+    """
     if not is_text_data(data):
         return open_tokens(data)
     if tokenizer is None:

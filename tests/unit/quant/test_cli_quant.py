@@ -204,3 +204,25 @@ def test_force_never_replaces_what_llmctl_did_not_write(hf_dir: Path, tmp_path: 
     code, text = _quantize(*args)
     assert code == 2 and "not written by llmctl" in text
     assert a_file.read_text() == "keep me too"
+
+
+def test_data_without_tokens_says_so(hf_dir: Path, tmp_path: Path) -> None:
+    """An empty file, only empty documents, or an indexed dataset of empty documents is "no
+    tokens", one line and exit code 2, not advice to lower --num-samples."""
+    import numpy as np
+
+    from llmctl.data.indexed import bin_path, write_index
+
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n\n{"text": ""}\n')
+    (tmp_path / "empty.txt").write_text("")
+    prefix = tmp_path / "ds"
+    write_index(prefix, np.uint16, [np.zeros(2, np.int64)])  # two empty documents
+    bin_path(prefix).write_bytes(b"")
+    for data in ("empty.jsonl", "blank.jsonl", "empty.txt", "ds"):
+        code, text = _quantize(
+            str(hf_dir), "--out", str(tmp_path / "q"), "--data", str(tmp_path / data)
+        )
+        assert code == 2 and f"data {tmp_path / data} has no tokens" in " ".join(text.split()), text
+        assert "--num-samples" not in text and "Traceback" not in text
+        assert not (tmp_path / "q").exists()
