@@ -44,7 +44,8 @@ def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> Res
     Raises:
         UserError: The directory exists but is not a run directory; checkpoints exist but none
             is valid (unless `restart_from_scratch`); `checkpoint.load=false` would overwrite
-            checkpoints; the newest valid checkpoint does not match this config.
+            checkpoints; the newest valid checkpoint does not match this config or is past
+            `train.train_iters` (nothing left to train).
     """
     from llmctl.train import ckpt_store as store
     from llmctl.train.rundir import CHECKPOINTS_DIR, CONFIG_FILE
@@ -75,7 +76,23 @@ def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> Res
         )
     if valid is not None:
         check_checkpoint_matches(valid.path, cfg, layout)
+        _check_steps_left(run_dir, valid.step, int(cfg.train.train_iters))
     return ResumePoint(step=None if valid is None else valid.step, invalid=tuple(invalid))
+
+
+def _check_steps_left(run_dir: Path, step: int, train_iters: int) -> None:
+    """A checkpoint past `train_iters` leaves nothing to train: say so, rather than start ranks
+    that stop at once and leave a run reading "step 60/50".
+
+    Raises:
+        UserError: naming the checkpoint's step and `train.train_iters`.
+    """
+    if step > train_iters:
+        raise UserError(
+            f"{run_dir}: its newest checkpoint is at step {step}, already past "
+            f"train.train_iters={train_iters}: nothing to train; raise train.train_iters above "
+            f"{step} to continue, or choose a new train.run_dir"
+        )
 
 
 def _check_run_dir_place(run_dir: Path) -> None:

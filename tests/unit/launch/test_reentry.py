@@ -174,6 +174,21 @@ def test_train_into_a_run_dir_with_another_model_changes_nothing(run: Path, llmc
     assert _snapshot(run) == before  # config.yaml not rewritten, no launch.json
 
 
+def test_a_run_past_train_iters_is_refused_before_any_rank_starts(run: Path, llmctl) -> None:
+    """Re-entering with fewer train_iters than the checkpoint's step: one line, nothing
+    changed (config.yaml keeps its train_iters, so `status` never reads "step 4/3")."""
+    before = _snapshot(run)
+    train = ("train", "recipe=tiny_cpu", f"train.run_dir={run}", "train.train_iters=3")
+    for argv in (train, ("resume", str(run), "train.train_iters=3")):
+        line = _one_line_error(*llmctl(*argv))
+        assert "checkpoint is at step 4, already past train.train_iters=3" in line, line
+        assert "nothing to train" in line
+        assert _snapshot(run) == before
+    from llmctl.launch.jobs import _total_steps  # what `status` shows as the step total
+
+    assert _total_steps(run) == ITERS
+
+
 def test_train_refuses_a_directory_it_did_not_make(tmp_path: Path, llmctl) -> None:
     mine = tmp_path / "notes"
     mine.mkdir()
