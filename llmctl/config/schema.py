@@ -272,6 +272,11 @@ class DataConfig:
     tokenizer: str | None = doc(None, "Path to tokenizer.json; None = the demo tokenizer.")
     cache_dir: str | None = doc(None, "Where indices and the demo corpus are cached.")
     num_workers: int = doc(0, "Data-loader worker processes.")
+    sft: bool | None = doc(
+        None,
+        "Supervised fine-tuning: true = data.prefixes must be SFT packs (`llmctl data sft`), "
+        "false = they must not be; None = decided by the data (a sft-packed manifest).",
+    )
 
 
 @dataclass(kw_only=True)

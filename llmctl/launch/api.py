@@ -127,11 +127,12 @@ def _early_checks(cfg: Any) -> None:
 
     The demo corpus (empty data.prefixes) is only built at launch: a dry run writes nothing.
     """
-    from llmctl.train.data import resolve_data
+    from llmctl.train.data import check_sft_wanted, resolve_data
     from llmctl.train.precision import check_precision
 
     on_gpu = str(cfg.cluster.device) == "cuda"
     check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
+    check_sft_wanted(cfg)
     if cfg.data.prefixes:
         resolve_data(cfg)
 

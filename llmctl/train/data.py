@@ -162,6 +162,7 @@ def resolve_data(cfg: Any) -> DataSpec:
         UserError: Missing/unreadable prefix, weight count mismatch, or a tokenizer whose
             vocabulary is larger than `model.vocab_size`.
     """
+    check_sft_wanted(cfg)
     prefixes = list(cfg.data.prefixes) or [_demo_data(cfg)]
     for prefix in prefixes:
         check_prefix(prefix)
@@ -189,11 +190,38 @@ def resolve_data(cfg: Any) -> DataSpec:
     )
 
 
+def check_sft_wanted(cfg: Any) -> None:
+    """`data.sft=true` (recipe tiny_cpu_sft) needs explicit data.prefixes: the demo corpus is
+    pretraining text, on which SFT would silently train every token.
+
+    Raises:
+        UserError: data.sft=true with empty data.prefixes.
+    """
+    if getattr(cfg.data, "sft", None) is True and not cfg.data.prefixes:
+        raise UserError(
+            "data.sft=true needs data.prefixes: SFT packs from `llmctl data sft` (the demo "
+            "corpus is pretraining data); or pass data.sft=null to train on every token"
+        )
+
+
 def _check_sft(cfg: Any, prefixes: list[str]) -> bool:
-    """Whether the prefixes are SFT packs; checks their companions and sequence length."""
+    """Whether the prefixes are SFT packs; checks them against `data.sft`, their companions
+    and their sequence length."""
     from llmctl.data.sft import output_prefixes, packed_seq_length
 
     seq = packed_seq_length(prefixes)
+    wanted = getattr(cfg.data, "sft", None)
+    if seq is None and wanted is True:
+        raise UserError(
+            f"data.sft=true but data prefix {prefixes[0]} is not an SFT pack (no sft-packed "
+            "manifest): its loss would cover every token; make packs with `llmctl data sft`, "
+            "or pass data.sft=null to train on every token"
+        )
+    if seq is not None and wanted is False:
+        raise UserError(
+            f"data.sft=false but data prefix {prefixes[0]} is an SFT pack (`llmctl data sft`); "
+            "pass data.sft=true or data.sft=null to fine-tune on it"
+        )
     if seq is None:
         return False
     if seq != cfg.model.seq_length:

@@ -9,6 +9,7 @@ reads the packs back.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -360,3 +361,37 @@ def test_non_utf8_line_is_named(tok_dir, tmp_path):
             SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "o"), tokenizer=str(tok_dir),
                       seq_length=32)
         )  # fmt: skip
+
+
+def test_sft_recipe_refuses_pretraining_data(tok_dir, tmp_path, run_main):
+    """recipe=tiny_cpu_sft says data.sft=true: a pretraining prefix (or none, the demo
+    corpus) is one line before any rank starts, not a run that trains on every token;
+    data.sft=null takes it, and data.sft=false refuses SFT packs."""
+    from llmctl.data.preprocess import PreprocessConfig, preprocess
+    from llmctl.launch.api import prepare_train
+
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(30))
+    packs = str(tmp_path / "sft")
+    build_sft(
+        SftConfig(inputs=[str(src)], output_prefix=packs, tokenizer=str(tok_dir), seq_length=40)
+    )
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"text": f"word {i} " * 40}) + "\n" for i in range(40)))
+    pre = str(tmp_path / "pre")
+    preprocess(PreprocessConfig(inputs=[str(plain)], output_prefix=pre, tokenizer=str(tok_dir)))
+    common = [
+        "model.vocab_size=512",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"train.run_dir={tmp_path / 'run'}",
+    ]
+    argv = ["train", "recipe=tiny_cpu_sft", f"data.prefixes=[{pre}]", *common, "--dry-run"]
+    code, stdout, stderr = run_main(argv)
+    assert (code, stdout) == (2, ""), stderr
+    assert stderr.count("\n") == 1 and f"data prefix {pre} is not an SFT pack" in stderr, stderr
+    with pytest.raises(UserError, match=r"data\.sft=true needs data\.prefixes"):
+        prepare_train("tiny_cpu_sft", common)
+    assert not (tmp_path / "cache").exists()  # the demo corpus was not built either
+    with pytest.raises(UserError, match=re.escape(f"data prefix {packs} is an SFT pack")):
+        prepare_train("tiny_cpu_sft", [f"data.prefixes=[{packs}]", "data.sft=false", *common])
+    assert prepare_train("tiny_cpu_sft", [f"data.prefixes=[{pre}]", "data.sft=null", *common])
+    assert prepare_train("tiny_cpu_sft", [f"data.prefixes=[{packs}]", *common])
