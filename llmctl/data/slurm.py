@@ -212,8 +212,6 @@ def check_inputs(
     Raises:
         UserError: the bad record (file:line: problem), or "no documents in INPUTS".
     """
-    from contextlib import closing
-
     found = False
     for chunk in chunks:
         docs = iter_documents(
@@ -225,10 +223,11 @@ def check_inputs(
             max_doc_bytes=max_doc_bytes,
         )
         try:
-            with closing(docs):
-                found = next(docs, None) is not None or found
+            found = next(docs, None) is not None or found
         except BadInputError as e:
             raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
+        finally:
+            getattr(docs, "close", lambda: None)()  # a generator: close its file now
     if not found:
         raise UserError(f"no documents in {', '.join(inputs)}")
 

@@ -76,7 +76,8 @@ def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> Res
         )
     if valid is not None:
         check_checkpoint_matches(valid.path, cfg, layout)
-        _check_steps_left(run_dir, valid.step, int(cfg.train.train_iters))
+        if valid.step is not None:
+            _check_steps_left(run_dir, valid.step, int(cfg.train.train_iters))
     return ResumePoint(step=None if valid is None else valid.step, invalid=tuple(invalid))
 
 
