@@ -849,6 +849,8 @@ def _dedup_here(
         with interruptible():
             run_signatures(cfg, chunks, work_dir, lambda d, b: report(total, d, b))
     except BadInputError as e:
+        # The input has to change before a rerun, and then no chunk's work is reused.
+        shutil.rmtree(work_dir, ignore_errors=True)
         raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
     except BaseException as e:
         code = stop_code(e)

@@ -137,3 +137,21 @@ def test_sizes_below_their_minimum_are_one_line_before_any_work(
         assert (code, stdout) == (2, ""), stderr
         assert stderr.startswith(line) and stderr.count("\n") == 1, stderr
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith("-lock")) == []
+
+
+def test_local_user_errors_leave_no_work_folder(tmp_path: Path, run_main) -> None:
+    """Locally too: a document without the text field (after good ones) or an empty input is
+    one line, rc 2, and leaves nothing next to the output: no `OUT.llmctl-tmp` work folder."""
+    good = "".join(json.dumps({"text": f"doc {i} " * 20}) + "\n" for i in range(50))
+    (tmp_path / "body.jsonl").write_text(good + '{"body": "a b c"}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    inputs = sorted(p.name for p in tmp_path.iterdir())
+    for name, line in [
+        ("body.jsonl", "body.jsonl:51: missing text field"),
+        ("empty.jsonl", "no documents in"),
+    ]:
+        argv = ["data", "dedup", str(tmp_path / name), "-o", str(tmp_path / "out"), "--json"]
+        code, stdout, stderr = run_main(argv)
+        assert (code, stdout) == (2, ""), stderr
+        assert stderr.count("\n") == 1 and line in stderr, stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == inputs
