@@ -49,6 +49,32 @@ def check_out(out: Path, force: bool, marker: str) -> None:
         raise not_ours_error(out)
 
 
+def check_file_out(out: Path, force: bool, header: str, what: str) -> None:
+    """A single-file output `out` (`what` names the command and file kind, for the message)
+    may be written only where nothing is, or (with `force`) over a file llmctl wrote, whose
+    text starts with `header`.
+
+    Raises:
+        UserError: `out` is a folder or cannot be written; `exists_error` without `force`;
+            `not_ours_error` with it.
+    """
+    from llmctl.data.outputs import check_writable_parent
+
+    check_writable_parent(out)
+    if out.is_dir():
+        raise UserError(f"{out} is a folder; {what}")
+    if not out.exists():
+        return
+    if not force:
+        raise exists_error(out)
+    try:
+        ours = out.read_text(errors="replace").startswith(header)
+    except OSError as exc:
+        raise UserError(f"cannot read {out}: {exc.strerror}") from None
+    if not ours:
+        raise not_ours_error(out)
+
+
 def staging_dir(out: Path) -> Path:
     """A new hidden sibling of `out` to write into (mode 0755 under the usual umask)."""
     out.parent.mkdir(parents=True, exist_ok=True)

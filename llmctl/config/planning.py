@@ -386,23 +386,10 @@ def check_calibrated_out(path: str | Path, force: bool = False) -> None:
         UserError: PATH is a folder, lies under a file or a read-only folder, exists without
             `force`, or was not written by `llmctl plan --calibrate`.
     """
-    from llmctl.data.outputs import check_writable_parent
-    from llmctl.staging import exists_error, not_ours_error
+    from llmctl.staging import check_file_out
 
-    out = Path(path)
-    check_writable_parent(out)
-    if out.is_dir():
-        raise UserError(f"{out} is a folder; plan --calibrate --out writes a cluster YAML file")
-    if not out.exists():
-        return
-    if not force:
-        raise exists_error(out)
-    try:
-        ours = out.read_text(errors="replace").startswith(CALIBRATED_HEADER)
-    except OSError as exc:
-        raise UserError(f"cannot read {out}: {exc.strerror}") from None
-    if not ours:
-        raise not_ours_error(out)
+    what = "plan --calibrate --out writes a cluster YAML file"
+    check_file_out(Path(path), force, CALIBRATED_HEADER, what)
 
 
 def save_calibrated(path: str | Path, text: str, force: bool = False) -> Path:

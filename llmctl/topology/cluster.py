@@ -241,23 +241,9 @@ def check_cluster_out(path: str | Path, force: bool = False) -> None:
         UserError: PATH is a folder, exists without `force`, was not written by `llmctl topo`,
             or its folder cannot be written.
     """
-    from llmctl.data.outputs import check_writable_parent
-    from llmctl.staging import exists_error, not_ours_error
+    from llmctl.staging import check_file_out
 
-    out = Path(path)
-    check_writable_parent(out)
-    if out.is_dir():
-        raise UserError(f"{out} is a folder; topo --out writes a cluster YAML file there")
-    if not out.exists():
-        return
-    if not force:
-        raise exists_error(out)
-    try:
-        ours = out.read_text(errors="replace").startswith(_HEADER)
-    except OSError as exc:
-        raise UserError(f"cannot read {out}: {exc.strerror}") from None
-    if not ours:
-        raise not_ours_error(out)
+    check_file_out(Path(path), force, _HEADER, "topo --out writes a cluster YAML file there")
 
 
 def save_cluster(topology: Topology, path: str | Path, gpu: str | None = None) -> list[str]:
