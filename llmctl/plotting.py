@@ -35,7 +35,7 @@ def check_plot_path(path: str | Path) -> Path:
     Raises:
         UserError: Another suffix, a folder or unwritable place, or a file llmctl did not write.
     """
-    from llmctl.data.outputs import check_writable_parent
+    from llmctl.staging import check_writable_parent
 
     out = Path(path)
     if out.suffix.lower() not in PLOT_SUFFIXES:

@@ -15,6 +15,30 @@ from pathlib import Path
 from llmctl.errors import UserError
 
 
+def check_writable_parent(path: Path) -> None:
+    """The nearest existing ancestor of `path` must be a folder this process can write.
+
+    Raises:
+        UserError: an ancestor is a file, or the folder is not writable.
+    """
+    parent = path.absolute().parent
+    while not parent.exists():
+        if parent.is_symlink():
+            raise UserError(f"cannot write {path}: {parent} is a broken link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"cannot write {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK) or _read_only_fs(parent):
+        raise UserError(f"cannot write {path}: folder {parent} is not writable")
+
+
+def _read_only_fs(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def exists_error(path: Path) -> UserError:
     """The one wording, in every command, for an output that is already there."""
     return UserError(
@@ -38,8 +62,6 @@ def check_out(out: Path, force: bool, marker: str) -> None:
         UserError: `exists_error` without `force`; `not_ours_error` with it; a place that
             cannot be written (a parent that is a file, a read-only folder).
     """
-    from llmctl.data.outputs import check_writable_parent
-
     check_writable_parent(out)
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
@@ -58,8 +80,6 @@ def check_file_out(out: Path, force: bool, header: str, what: str) -> None:
         UserError: `out` is a folder or cannot be written; `exists_error` without `force`;
             `not_ours_error` with it.
     """
-    from llmctl.data.outputs import check_writable_parent
-
     check_writable_parent(out)
     if out.is_dir():
         raise UserError(f"{out} is a folder; {what}")

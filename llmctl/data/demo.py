@@ -47,7 +47,7 @@ def _check_workdir(work: Path) -> None:
     Raises:
         UserError: `work` is a file, cannot be written, or holds a file the demo did not write.
     """
-    from llmctl.data.outputs import check_writable_parent
+    from llmctl.staging import check_writable_parent
 
     if work.exists() and not work.is_dir():
         raise UserError(f"{work} is a file; the demo writes a folder there")

@@ -34,7 +34,7 @@ from types import FrameType
 from typing import IO, Any
 
 from llmctl.errors import UserError
-from llmctl.staging import exists_error, not_ours_error
+from llmctl.staging import check_writable_parent, exists_error, not_ours_error
 
 MARKER = ".llmctl-outputs.json"
 
@@ -86,30 +86,6 @@ def worker_signals() -> None:
 
 
 # ---------------------------------------------------------------- locations
-
-
-def check_writable_parent(path: Path) -> None:
-    """The nearest existing ancestor of `path` must be a folder this process can write.
-
-    Raises:
-        UserError: an ancestor is a file, or the folder is not writable.
-    """
-    parent = path.absolute().parent
-    while not parent.exists():
-        if parent.is_symlink():
-            raise UserError(f"cannot write {path}: {parent} is a broken link")
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"cannot write {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK) or _read_only_fs(parent):
-        raise UserError(f"cannot write {path}: folder {parent} is not writable")
-
-
-def _read_only_fs(folder: Path) -> bool:
-    try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
 
 
 def make_parent(path: Path) -> None:

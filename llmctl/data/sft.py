@@ -409,7 +409,7 @@ def output_prefixes(prefix: str | Path) -> tuple[str, str, str]:
 def _check_outputs(prefix: str, force: bool) -> None:
     """Refuse existing outputs unless `force`, files llmctl did not write always, and a place
     that cannot be written."""
-    from llmctl.data.outputs import check_writable_parent
+    from llmctl.staging import check_writable_parent
 
     check_writable_parent(Path(f"{prefix}.llmctl-tmp"))
     record = read_json(manifest_path(prefix))

@@ -102,7 +102,7 @@ def _check_run_dir_place(run_dir: Path) -> None:
     Raises:
         UserError: naming `train.run_dir` and what is in the way.
     """
-    from llmctl.data.outputs import check_writable_parent
+    from llmctl.staging import check_writable_parent
 
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(
