@@ -220,6 +220,7 @@ def test_interrupted_run_leaves_nothing(tiny: dict, monkeypatch: pytest.MonkeyPa
     import llmctl.quant.quantize as q
 
     def interrupted(*args: object, **kwargs: object) -> None:
+        os.write(2, b"third-party words before the interrupt\n")  # as a library's warning
         raise KeyboardInterrupt
 
     monkeypatch.setattr(q, "run_oneshot", interrupted)
@@ -229,6 +230,8 @@ def test_interrupted_run_leaves_nothing(tiny: dict, monkeypatch: pytest.MonkeyPa
     assert not out.exists()
     left = [p.name for p in out.parent.iterdir() if p.name.startswith(".interrupted")]
     assert left == [".interrupted.quantize.log"]  # third-party output, kept for the post-mortem
+    log = (out.parent / ".interrupted.quantize.log").read_text()
+    assert "third-party words before the interrupt" in log
 
 
 def test_cli_json_is_the_only_stdout(tiny: dict) -> None:
