@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmctl.errors import UserError
+from llmctl.launch.common import check_launcher_values
 from llmctl.launch.hostfile import read_hostfile
 
 LAUNCH_FILE = "launch.json"
@@ -130,6 +131,7 @@ def _early_checks(cfg: Any) -> None:
     from llmctl.train.data import check_sft_wanted, resolve_data
     from llmctl.train.precision import check_precision
 
+    check_launcher_values(cfg)
     on_gpu = str(cfg.cluster.device) == "cuda"
     check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
     check_sft_wanted(cfg)

@@ -33,6 +33,33 @@ class Shape:
         return self.num_nodes * self.nproc_per_node
 
 
+# The SLURM script adds `SLURM_JOB_ID % 1000` to launcher.rdzv_port (distinct per job).
+SLURM_PORT_SPREAD = 1000
+
+
+def check_launcher_values(cfg: Any) -> None:
+    """Refuse launcher numbers no launch can use, before planning reads them.
+
+    Raises:
+        UserError: `launcher.nproc_per_node` below 1, `launcher.max_restarts` below 0, or
+            `launcher.rdzv_port` outside 1..65535 (for SLURM, with the per-job offset added).
+    """
+    lc = cfg.launcher
+    if lc.nproc_per_node is not None and lc.nproc_per_node < 1:
+        raise UserError(
+            "launcher.nproc_per_node must be >= 1 or null (from the layout), "
+            f"got {lc.nproc_per_node}"
+        )
+    if lc.max_restarts < 0:
+        raise UserError(f"launcher.max_restarts must be >= 0, got {lc.max_restarts}")
+    spread = SLURM_PORT_SPREAD - 1 if str(lc.kind) == "slurm" else 0
+    if not 1 <= lc.rdzv_port <= 65535 - spread:
+        raise UserError(
+            f"launcher.rdzv_port must be a TCP port in 1..{65535 - spread}, got {lc.rdzv_port}"
+            + (f" (launcher=slurm adds up to {spread} per job)" if spread else "")
+        )
+
+
 def layout_of(cfg: Any, layout: Any | None) -> Any:
     """The given layout, or the one the configuration alone implies (DP defaults to 1)."""
     if layout is not None:

@@ -39,10 +39,20 @@ def _refusal(*args: str) -> str:
         ("checkpoint.max_failed_saves=0", "checkpoint.max_failed_saves must be >= 1, got 0"),
         ("train.global_batch_size=0", "train.global_batch_size must be >= 1, got 0"),
         ("train.log_interval=0", "train.log_interval must be >= 1, got 0"),
+        ("launcher.nproc_per_node=-1", "launcher.nproc_per_node must be >= 1 or null"),
+        ("launcher.max_restarts=-1", "launcher.max_restarts must be >= 0, got -1"),
+        ("launcher.rdzv_port=0", "launcher.rdzv_port must be a TCP port in 1..65535, got 0"),
+        ("launcher.rdzv_port=70000", "launcher.rdzv_port must be a TCP port in 1..65535"),
     ],
 )
 def test_bad_values_name_the_real_key(override: str, message: str) -> None:
     assert message in _refusal(override)
+
+
+def test_slurm_rendezvous_port_leaves_room_for_the_per_job_offset() -> None:
+    # The script listens on rdzv_port + SLURM_JOB_ID % 1000: 65000 + 999 is no TCP port.
+    message = _refusal("launcher=slurm", "launcher.rdzv_port=65000")
+    assert "launcher.rdzv_port must be a TCP port in 1..64536, got 65000" in message
 
 
 def test_requeueable_slurm_job_gets_a_checkpoint_interval() -> None:
