@@ -240,6 +240,7 @@ class ChatRenderer:
             )
         if not self.tok.is_fast:
             raise UserError(f"--tokenizer {folder}: needs a fast tokenizer (tokenizer.json)")
+        _check_template(self.tok, folder)
         self.vocab_size = len(self.tok)
         self.pad_id = next(
             (i for i in (self.tok.pad_token_id, self.tok.eos_token_id) if i is not None), 0
@@ -306,6 +307,34 @@ class ChatRenderer:
             "pad": self.pad_id,
             "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
         }
+
+
+def _check_template(tok: Any, folder: str) -> None:
+    """Compile the tokenizer's default chat template the way transformers does.
+
+    A template that does not compile is the tokenizer's fault, found before any input is
+    read (rendering would otherwise blame line 1 of the data).
+
+    Raises:
+        UserError: the template is not a string or does not compile, naming `folder`.
+    """
+    try:
+        template = tok.get_chat_template()
+    except Exception as e:  # no default among several named templates
+        raise UserError(f"--tokenizer {folder}: chat_template: {e}") from None
+    if not isinstance(template, str):
+        raise UserError(
+            f"--tokenizer {folder}: chat_template is a {type(template).__name__}, "
+            "not a Jinja template string"
+        )
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # another transformers layout: rendering reports it per line
+        return
+    try:
+        _compile_jinja_template(template)
+    except Exception as e:  # jinja2 TemplateSyntaxError / TemplateAssertionError
+        raise UserError(f"--tokenizer {folder}: the chat template does not compile ({e})") from None
 
 
 def _sha256(path: Path) -> str:

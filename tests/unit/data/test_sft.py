@@ -395,3 +395,40 @@ def test_sft_recipe_refuses_pretraining_data(tok_dir, tmp_path, run_main):
         prepare_train("tiny_cpu_sft", [f"data.prefixes=[{packs}]", "data.sft=false", *common])
     assert prepare_train("tiny_cpu_sft", [f"data.prefixes=[{pre}]", "data.sft=null", *common])
     assert prepare_train("tiny_cpu_sft", [f"data.prefixes=[{packs}]", *common])
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{% for m in messages %}{{ m.content }", "does not compile"),
+        ("{% for m in messages %}{{ m.content | nosuchfilter }}{% endfor %}", "does not compile"),
+        (5, "not a Jinja template string"),
+    ],
+)
+def test_broken_chat_template_blames_the_tokenizer_not_a_line(
+    template, expected, tok_dir, tmp_path
+):
+    """A template that transformers itself cannot compile is a fault of `--tokenizer`, found
+    before any input is read: the message names the tokenizer folder, not line 1 of the data."""
+    import shutil
+
+    import jinja2
+    from transformers import AutoTokenizer
+
+    broken = tmp_path / "tok"
+    shutil.copytree(tok_dir, broken)
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    hf = AutoTokenizer.from_pretrained(str(broken), local_files_only=True)
+    # the oracle: transformers cannot render with it either
+    with pytest.raises((jinja2.TemplateError, TypeError)):
+        hf.apply_chat_template(CHAT, tokenize=False)
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(2))
+    with pytest.raises(UserError, match=rf"^--tokenizer {broken}: .*{expected}") as err:
+        build_sft(
+            SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "o"), tokenizer=str(broken),
+                      seq_length=32)
+        )  # fmt: skip
+    assert "a.jsonl" not in str(err.value)
+    assert not list(tmp_path.glob("o*"))
