@@ -14,8 +14,10 @@ an index error deep inside a forward pass (or, worse, silently score a different
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -50,35 +52,60 @@ def open_tokens(prefix: str | Path) -> np.ndarray:
     return np.memmap(bin_path(prefix), dtype=dtype, mode="r")
 
 
-TEXT_SUFFIXES = (".jsonl", ".txt", ".text", ".md")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+TEXT_SUFFIXES = (*JSONL_SUFFIXES, ".txt", ".text", ".md")
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+def _kind_suffix(path: str | Path) -> str:
+    """The suffix naming the format, under a `.gz`/`.zst` one (`a.jsonl.gz` -> `.jsonl`)."""
+    p = Path(path)
+    if p.suffix.lower() in COMPRESSED_SUFFIXES:
+        p = p.with_suffix("")
+    return p.suffix.lower()
 
 
 def is_text_data(data: str | Path) -> bool:
-    """A plain JSONL or text file (by suffix), as opposed to an indexed-dataset prefix."""
-    return Path(data).suffix.lower() in TEXT_SUFFIXES
+    """A JSONL or text file (by suffix, possibly `.gz`/`.zst`), not an indexed-dataset prefix."""
+    return _kind_suffix(data) in TEXT_SUFFIXES
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{where}: invalid UTF-8 (byte {e.start})") from None
 
 
 def _read_documents(path: Path) -> list[str]:
-    """Documents of a JSONL file (its "text" fields) or of a text file (the whole file).
+    """Documents of a JSONL file (its "text" fields) or of a text file (the whole file),
+    decompressed like `llmctl data preprocess` inputs and decoded strictly as UTF-8.
 
     Raises:
-        UserError: A JSONL line that is not an object with a string "text", naming the line.
+        UserError: Invalid UTF-8, or a JSONL line that is not an object with a string "text",
+            naming the file and line.
     """
-    if path.suffix.lower() != ".jsonl":
-        return [path.read_text(encoding="utf-8", errors="replace")]
-    docs = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line).get("text")
-            except (json.JSONDecodeError, AttributeError):
-                text = None
-            if not isinstance(text, str):
-                raise UserError(f'{path}:{lineno}: expected a JSON object with a string "text"')
-            docs.append(text)
-    return docs
+    from llmctl.data.readers import open_binary
+
+    with open_binary(path) as f:
+        if _kind_suffix(path) not in JSONL_SUFFIXES:
+            return [_decode(f.read(), str(path))]
+        return [text for text in _jsonl_texts(f, path) if text is not None]
+
+
+def _jsonl_texts(f: IO[bytes], path: Path) -> Iterator[str | None]:
+    for lineno, raw in enumerate(f, 1):
+        line = _decode(raw, f"{path}:{lineno}")
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+        text = obj.get("text") if isinstance(obj, dict) else None
+        if not isinstance(text, str):
+            raise UserError(f'{path}:{lineno}: expected a JSON object with a string "text"')
+        yield text
 
 
 def text_tokens(path: str | Path, tokenizer: str | Path) -> np.ndarray:

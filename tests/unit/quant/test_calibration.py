@@ -41,3 +41,56 @@ def test_too_little_data_and_foreign_token_ids_are_user_errors(tmp_path: Path) -
 def test_missing_dataset_is_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not found"):
         open_tokens(tmp_path / "nope")
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llmctl.data.tokenizer import train_bpe
+
+    out = tmp_path_factory.mktemp("tok") / "tok"
+    train_bpe(["red green blue fox owl"] * 50, out, vocab_size=300)
+    return out
+
+
+def test_compressed_and_json_data_read_like_data_preprocess(bpe_dir: Path, tmp_path: Path) -> None:
+    """`--data` takes the JSONL spellings `llmctl data preprocess` takes (.json, .ndjson, .gz,
+    .zst), each tokenized exactly as the plain .jsonl (the oracle: HF tokenizers itself)."""
+    import gzip
+    import json
+
+    import zstandard
+    from tokenizers import Tokenizer
+
+    from llmctl.quant.calibration import is_text_data, load_tokens
+
+    texts = ["red fox", "green owl blue", "blue"]
+    body = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    tok = Tokenizer.from_file(str(bpe_dir / "tokenizer.json"))
+    eod = tok.token_to_id("<|endoftext|>")
+    expected = [i for t in texts for i in (*tok.encode(t).ids, eod)]
+    files = {
+        "a.json": body,
+        "a.ndjson": body,
+        "a.jsonl.gz": gzip.compress(body),
+        "a.jsonl.zst": zstandard.ZstdCompressor().compress(body),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        assert is_text_data(tmp_path / name), name
+        assert load_tokens(tmp_path / name, bpe_dir).tolist() == expected, name
+
+
+def test_bad_bytes_in_text_data_are_named_not_replaced(bpe_dir: Path, tmp_path: Path) -> None:
+    """Invalid UTF-8 is one line naming the file (and line), as in `llmctl data preprocess`;
+    it is never silently replaced by U+FFFD in the text the model is calibrated and scored on."""
+    from llmctl.quant.calibration import load_tokens
+
+    (tmp_path / "a.txt").write_bytes(b"red fox " * 40 + b"\xff blue")
+    with pytest.raises(UserError, match=r"a\.txt: invalid UTF-8 \(byte 320\)"):
+        load_tokens(tmp_path / "a.txt", bpe_dir)
+    (tmp_path / "b.jsonl").write_bytes(b'{"text": "red"}\n{"text": "bl\xffue"}\n')
+    with pytest.raises(UserError, match=r"b\.jsonl:2: invalid UTF-8"):
+        load_tokens(tmp_path / "b.jsonl", bpe_dir)
+    (tmp_path / "c.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "red"}\n')
+    with pytest.raises(UserError, match=r"c\.jsonl:1: invalid JSON \(Unexpected UTF-8 BOM"):
+        load_tokens(tmp_path / "c.jsonl", bpe_dir)
