@@ -145,6 +145,20 @@ def load_tokens(data: str | Path, tokenizer: str | Path | None) -> np.ndarray:
     return text_tokens(data, tokenizer)
 
 
+def _too_short(total: int, num_samples: int, seq_len: int, num_eval_tokens: int) -> str:
+    if not num_samples:  # RTN/FP8: no calibration, only the held-out tokens are needed
+        return (
+            f"data has {total} tokens but {num_eval_tokens} held-out tokens are needed "
+            "(this scheme and algorithm need no calibration); lower --eval-tokens"
+        )
+    need = num_samples * seq_len + num_eval_tokens
+    return (
+        f"calibration data has {total} tokens but {num_samples} samples x {seq_len} tokens "
+        f"+ {num_eval_tokens} held-out tokens = {need} are needed; "
+        "lower --num-samples, --seq-len or --eval-tokens"
+    )
+
+
 def split_tokens(
     tokens: np.ndarray, num_samples: int, seq_len: int, num_eval_tokens: int
 ) -> TokenSplit:
@@ -155,11 +169,7 @@ def split_tokens(
     """
     need_cal, total = num_samples * seq_len, int(tokens.shape[0])
     if need_cal + num_eval_tokens > total:
-        raise UserError(
-            f"calibration data has {total} tokens but {num_samples} samples x {seq_len} tokens "
-            f"+ {num_eval_tokens} held-out tokens = {need_cal + num_eval_tokens} are needed; "
-            "lower --num-samples, --seq-len or --eval-tokens"
-        )
+        raise UserError(_too_short(total, num_samples, seq_len, num_eval_tokens))
     calibration = np.asarray(tokens[:need_cal], dtype=np.int64).reshape(num_samples, seq_len)
     heldout = np.asarray(tokens[total - num_eval_tokens :], dtype=np.int64)
     return TokenSplit(calibration, heldout, total)

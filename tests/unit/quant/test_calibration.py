@@ -94,3 +94,13 @@ def test_bad_bytes_in_text_data_are_named_not_replaced(bpe_dir: Path, tmp_path: 
     (tmp_path / "c.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "red"}\n')
     with pytest.raises(UserError, match=r"c\.jsonl:1: invalid JSON \(Unexpected UTF-8 BOM"):
         load_tokens(tmp_path / "c.jsonl", bpe_dir)
+
+
+def test_short_data_without_calibration_asks_only_for_fewer_eval_tokens(tmp_path: Path) -> None:
+    """RTN/FP8 take 0 calibration samples: lowering --num-samples or --seq-len cannot help."""
+    tokens = open_tokens(_dataset(tmp_path, np.arange(10, dtype=np.uint16)))
+    with pytest.raises(UserError, match=r"lower --eval-tokens$") as err:
+        split_tokens(tokens, 0, 16, 32)
+    assert "--num-samples" not in str(err.value) and "0 samples" not in str(err.value)
+    with pytest.raises(UserError, match="lower --num-samples, --seq-len or --eval-tokens"):
+        split_tokens(tokens, 2, 16, 4)
