@@ -191,15 +191,20 @@ def _slurm_status(run_dir: Path | None, job_id: str, job: dict[str, str]) -> Run
         kind="slurm",
         job_id=job_id,
         state=job.get("JobState", "UNKNOWN"),
-        reason=job.get("Reason"),
+        reason=_slurm_value(job.get("Reason")),
         exit_code=job.get("ExitCode"),
         restarts=int(restarts) if restarts else None,
-        nodes=job.get("NodeList"),
+        nodes=_slurm_value(job.get("NodeList")),
         elapsed=job.get("RunTime"),
         step=step,
         loss=loss,
         total_steps=_total_steps(run_dir) if run_dir else None,
     )
+
+
+def _slurm_value(value: str | None) -> str | None:
+    """scontrol's spelling of "no value" (`Reason=None`, `NodeList=(null)`) as None."""
+    return None if value in (None, "", "None", "(null)") else value
 
 
 def log_path(run_dir: Path) -> Path:

@@ -70,8 +70,9 @@ def test_slurm_job_trains_two_ranks_to_the_end(
     assert "v4lue-never-written" not in (run_dir / "launch.sbatch").read_text()
     by_id = run_status(job_id)  # the job id alone finds the run dir through WorkDir
     assert by_id.state == "COMPLETED" and by_id.run_dir == str(run_dir) and by_id.step == 3
-    status = runner.invoke(app, ["status", str(run_dir), "--json"])
-    assert json.loads(status.output)["state"] == "COMPLETED"
+    status = json.loads(runner.invoke(app, ["status", str(run_dir), "--json"]).output)
+    assert status["state"] == "COMPLETED"
+    assert status["reason"] is None, status  # scontrol's Reason=None is no reason: JSON null
 
 
 def test_time_limit_signal_stops_ranks_and_requeues(
