@@ -204,6 +204,18 @@ def _batches(docs: Iterator[Document], max_docs: int, max_bytes: int) -> Iterato
         yield batch
 
 
+def _progress_bytes(chunk: Chunk, nbytes: int, reported: int) -> int:
+    """Input bytes of the chunk that `nbytes` of documents stand for, on the progress line.
+
+    The total is the input's size on disk: a compressed file's documents are larger than the
+    file (counted when the chunk is done) and a Parquet row group's share is an estimate
+    (capped, the rest counted when the chunk is done), so the line never passes 100 %.
+    """
+    if chunk.compressed:
+        return 0
+    return min(nbytes, max(chunk.num_bytes - reported, 0))
+
+
 def _run_chunk(chunk: Chunk) -> dict[str, Any]:
     """Tokenize one chunk into `shard_<index>`; return its counts (also saved as .done)."""
     tok, q, cfg, dtype = _WORKER["tok"], _WORKER["q"], _WORKER["cfg"], _WORKER["dtype"]
@@ -222,6 +234,7 @@ def _run_chunk(chunk: Chunk) -> dict[str, Any]:
         stream_bytes=STREAM_BYTES if tok.splittable else 0,
     )
     counts = {"docs": 0, "tokens": 0, "bytes": 0, "empty": 0}
+    reported = 0  # input bytes reported to the progress line for this chunk
     for batch in _batches(docs, cfg.batch_docs, cfg.batch_bytes):
         lengths = _encode_batch(batch, tok, writer, cfg.append_eod)
         nbytes, ntokens = sum(d.num_bytes for d in batch), int(lengths.sum(dtype=np.int64))
@@ -229,8 +242,11 @@ def _run_chunk(chunk: Chunk) -> dict[str, Any]:
         counts["empty"] += int(np.count_nonzero(lengths == 0))
         counts["tokens"] += ntokens
         counts["bytes"] += nbytes
-        q(ProgressUpdate(len(batch), ntokens, nbytes))
+        step = _progress_bytes(chunk, nbytes, reported)
+        reported += step
+        q(ProgressUpdate(len(batch), ntokens, step))
         del batch
+    q(ProgressUpdate(num_bytes=max(chunk.num_bytes - reported, 0)))
     writer.close()
     final = work_dir / f"shard_{chunk.index:06d}"
     os.replace(indexed.bin_path(tmp_prefix), indexed.bin_path(final))

@@ -129,3 +129,32 @@ def test_manifest_records_dedup_parameters_found_beside_the_input(
     preprocess(_cfg([tmp_path / "dd" / corpus.name], prefix, hf_tokenizer))
     recorded = json.loads(manifest_path(prefix).read_text())["dedup"]
     assert recorded["threshold"] == 0.8 and recorded["report"].endswith("dedup_report.json")
+
+
+def test_progress_counts_input_bytes_for_compressed_and_parquet(
+    tmp_path: Path, corpus_texts: list[str], hf_tokenizer: Path
+) -> None:
+    """The percentage is of the input size: a .gz/.zst file (whose documents are larger than
+    the file) or a Parquet row group never pushes the done bytes past the total, and a finished
+    run is at exactly 100 % (it was 300+ % for compressed JSONL and short of 100 % for Parquet)."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    body = "".join(json.dumps({"text": t}) + "\n" for t in corpus_texts * 3).encode()
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(body))
+    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(body))
+    pq.write_table(pa.table({"text": corpus_texts}), tmp_path / "c.parquet", row_group_size=7)
+    for name in ("a.jsonl.gz", "b.jsonl.zst", "c.parquet"):
+        updates = []
+        preprocess(
+            _cfg([tmp_path / name], tmp_path / f"o_{name}", hf_tokenizer, num_workers=1),
+            on_progress=updates.append,
+        )
+        total = updates[0].total_bytes
+        size = (tmp_path / name).stat().st_size  # Parquet: split evenly over row groups
+        assert total == size if "jsonl" in name else size - 7 < total <= size
+        done = np.cumsum([u.num_bytes for u in updates[1:]])
+        assert done.max() <= total and done[-1] == total, (name, done.max(), total)
