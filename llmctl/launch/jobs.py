@@ -150,7 +150,13 @@ def _launched(run_dir: Path) -> dict[str, Any]:
     from llmctl.train.rundir import require_run_dir
 
     require_run_dir(run_dir)
-    launch = read_launch(run_dir)
+    try:
+        launch = read_launch(run_dir)
+    except ValueError as e:  # cut short (full disk, crash) or edited: not JSON
+        raise UserError(
+            f"{run_dir / LAUNCH_FILE} is not valid JSON ({e}); it is the launcher's record of "
+            f"the run: restore it, or launch the run again with `llmctl resume {run_dir}`"
+        ) from None
     if not launch:
         raise UserError(
             f"{run_dir} was never launched (no {LAUNCH_FILE}); start it with `llmctl train`"

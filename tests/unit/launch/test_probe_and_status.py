@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from llmctl.errors import UserError
@@ -67,3 +69,21 @@ def test_state_line_says_why_a_finished_run_ended() -> None:
     assert line(state="PENDING", reason="Resources") == "PENDING (Resources)"
     assert line(state="FAILED", exit_code="1") == "FAILED (exit code 1)"
     assert line(state="COMPLETED", exit_code="0:0") == "COMPLETED"
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["logs"]])
+def test_cut_short_launch_record_is_one_line_naming_it(tmp_path: Path, command: list[str]) -> None:
+    # The final record is written in place on a full disk; a crash there leaves a cut JSON.
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+    from llmctl.launch.api import write_launch
+
+    (tmp_path / "config.yaml").write_text("recipe: tiny_cpu\n")
+    write_launch(tmp_path, {"kind": "local", "run_dir": str(tmp_path), "pid": 1})
+    record = tmp_path / "launch.json"
+    record.write_text(record.read_text()[:20])
+    res = CliRunner().invoke(app, [*command[:1], str(tmp_path), *command[1:]])
+    assert res.exit_code == 2, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert f"{record} is not valid JSON" in " ".join(res.output.replace("│", " ").split())
