@@ -541,10 +541,21 @@ def _run(
             on_progress(summary.num_examples, summary.num_tokens)
     packer.close()
     if summary.num_packs == 0:
-        raise UserError(f"no examples in {', '.join(cfg.inputs)}")
+        raise UserError(_nothing_kept(cfg, summary))
     if writers is not None:
         writers.close()
         _commit(cfg, paths, renderer, work, writers, summary)
+
+
+def _nothing_kept(cfg: SftConfig, summary: SftSummary) -> str:
+    inputs = ", ".join(cfg.inputs)
+    if not summary.num_examples:
+        return f"no examples in {inputs}"
+    return (
+        f"all {summary.num_examples} examples in {inputs} were dropped: no response token "
+        f"survives --seq-length {cfg.seq_length} (or the chat template renders no assistant "
+        "text); raise --seq-length or check the template"
+    )
 
 
 def _add_example(

@@ -432,3 +432,16 @@ def test_broken_chat_template_blames_the_tokenizer_not_a_line(
         )  # fmt: skip
     assert "a.jsonl" not in str(err.value)
     assert not list(tmp_path.glob("o*"))
+
+
+def test_every_example_dropped_says_why_not_no_examples(tok_dir, tmp_path):
+    """Examples were read but none kept a trained token (all responses cut by --seq-length):
+    the line counts them and names the remedy instead of claiming the input has none."""
+    src = write_jsonl(tmp_path / "a.jsonl", translate_examples(3, chat_share=1))
+    with pytest.raises(UserError, match=r"all 3 examples .* dropped.*--seq-length 4") as err:
+        build_sft(
+            SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "o"), tokenizer=str(tok_dir),
+                      seq_length=4)
+        )  # fmt: skip
+    assert "no examples" not in str(err.value)
+    assert not list(tmp_path.glob("o*"))
