@@ -97,6 +97,13 @@ def _rope_scaling_factor(rope: dict[str, Any], where: str) -> float | None:
 
 def _refuse(config: Any, family: Family, where: str) -> None:
     """Refuse what GPTModel cannot express, naming the field."""
+    quant = getattr(config, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else type(quant).__name__
+        raise UserError(
+            f"{where}: quantization_config ({method}) is set: the weights are quantized; "
+            "llmctl imports unquantized (fp32/bf16/fp16) models, import the one it was made from"
+        )
     checks = [
         ("hidden_act", getattr(config, "hidden_act", "silu"), "silu"),
         ("attention_bias", bool(getattr(config, "attention_bias", False)), False),
