@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -280,7 +281,7 @@ def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict
     create_run_dir(launch.cfg, launch.plan)
     shown = {k: v for k, v in launch.describe().items() if k in ("command", "nodes")}
     record = {"kind": launch.kind, "run_dir": str(launch.run_dir), "started": time.time()}
-    record.update(pid=os.getpid(), **shown)
+    record.update(pid=os.getpid(), host=socket.gethostname(), **shown)
     result: dict[str, Any] = {"kind": launch.kind, "run_dir": str(launch.run_dir)}
     if launch.kind == "slurm":
         from llmctl.launch.slurm import execute_slurm

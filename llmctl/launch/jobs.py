@@ -117,6 +117,37 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def _launcher_alive(launch: dict[str, Any]) -> bool:
+    """Whether the launcher recorded in launch.json still runs: its pid is alive on this host
+    and that process started before the record (a launcher killed with -9 records no exit code,
+    and its pid is later reused by other processes)."""
+    import socket
+
+    pid = launch.get("pid")
+    if launch.get("host", socket.gethostname()) != socket.gethostname() or not pid:
+        return False
+    if not _pid_alive(int(pid)):
+        return False
+    started = _process_start(int(pid))
+    recorded = launch.get("started")
+    return started is None or recorded is None or started <= float(recorded) + 2.0
+
+
+def _process_start(pid: int) -> float | None:
+    """Start time (Unix seconds, ~1 s precision) of a live process, from /proc; None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime, clock ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def trainer_alive(run_dir: Path) -> bool:
     """Whether training processes still hold the run directory (ranks outliving a launcher)."""
     from llmctl.launch.lock import check_run_lock
@@ -175,7 +206,7 @@ def _dir_status(run_dir: Path) -> RunStatus:
     if "exit_code" in launch:
         state = "COMPLETED" if launch["exit_code"] == 0 else "FAILED"
     else:
-        alive = _pid_alive(launch.get("pid")) or trainer_alive(run_dir)
+        alive = _launcher_alive(launch) or trainer_alive(run_dir)
         state = "RUNNING" if alive else "EXITED"
     step, loss = _metrics(run_dir)
     return RunStatus(

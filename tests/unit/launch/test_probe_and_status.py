@@ -87,3 +87,50 @@ def test_cut_short_launch_record_is_one_line_naming_it(tmp_path: Path, command: 
     assert res.exit_code == 2, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert f"{record} is not valid JSON" in " ".join(res.output.replace("│", " ").split())
+
+
+def _status_with_launcher(run_dir: Path, **record: object) -> str:
+    """`llmctl status --json` state of a run whose launcher record names `record`."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+    from llmctl.launch.api import write_launch
+
+    (run_dir / "config.yaml").write_text("recipe: tiny_cpu\n")
+    write_launch(run_dir, {"kind": "local", "run_dir": str(run_dir), **record})
+    res = CliRunner().invoke(app, ["status", str(run_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)["state"]
+
+
+def test_launcher_killed_without_a_record_is_not_running_under_a_reused_pid(
+    tmp_path: Path,
+) -> None:
+    # kill -9 of `llmctl train` records no exit code; its pid then belongs to a newer process.
+    import os
+    import socket
+    import subprocess
+    import time
+
+    newer = subprocess.Popen(["sleep", "60"])
+    try:
+        before = time.time() - 30  # the dead launcher started before the newer process
+        state = _status_with_launcher(tmp_path, started=before, pid=newer.pid)
+        assert state == "EXITED"
+        # A live pid recorded on another host (a shared run directory) is not ours to judge.
+        other = tmp_path / "other"
+        other.mkdir()
+        now = time.time()
+        assert _status_with_launcher(other, started=now, pid=os.getpid(), host="x-9") == "EXITED"
+    finally:
+        newer.kill()
+        newer.wait()
+    # The launcher itself (started before its record) is running.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    state = _status_with_launcher(
+        mine, started=time.time(), pid=os.getpid(), host=socket.gethostname()
+    )
+    assert state == "RUNNING"
