@@ -435,6 +435,8 @@ def finish_run(
         cfg, results, run.tok, started, len(run.chunks), len(run.done), num_workers
     )
     if summary.num_docs == 0:
+        if not keep_logs:  # nothing to resume from; a SLURM job's logs stay
+            shutil.rmtree(run.work_dir, ignore_errors=True)
         raise UserError(f"no documents in {', '.join(cfg.inputs)} (problems: {summary.problems})")
     _commit(cfg, prefix, run, summary, keep_logs)
     summary.elapsed_s = time.perf_counter() - started
@@ -461,6 +463,8 @@ def _preprocess_locked(
         with interruptible():
             _run_chunks(cfg, run.spec, todo, work_dir, num_workers, report)
     except BadInputError as e:
+        # The input has to change before a rerun, and then no chunk's work is reused.
+        shutil.rmtree(work_dir, ignore_errors=True)
         raise UserError(f"{e}; use --on-error skip to skip and count such documents") from None
     except BaseException as e:
         if (code := stop_code(e)) is None:

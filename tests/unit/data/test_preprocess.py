@@ -158,3 +158,19 @@ def test_progress_counts_input_bytes_for_compressed_and_parquet(
         assert total == size if "jsonl" in name else size - 7 < total <= size
         done = np.cumsum([u.num_bytes for u in updates[1:]])
         assert done.max() <= total and done[-1] == total, (name, done.max(), total)
+
+
+def test_bad_document_leaves_no_work_folder(tmp_path: Path, hf_tokenizer: Path) -> None:
+    """A bad document (after good ones) or an empty input is one UserError and leaves nothing
+    beside the prefix: the input must change before a rerun, so no shard would be reused
+    (dedup behaves the same since 10d215b)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    good = "".join(json.dumps({"text": f"doc {i} " * 20}) + "\n" for i in range(50))
+    (src / "ns.jsonl").write_text(good + '{"text": 5}\n')
+    (src / "empty.jsonl").write_text("")
+    for name, line in [("ns.jsonl", "ns.jsonl:51: text field is not a string"),
+                       ("empty.jsonl", "no documents")]:  # fmt: skip
+        with pytest.raises(UserError, match=line):
+            preprocess(_cfg([src / name], tmp_path / "out", hf_tokenizer, num_workers=1))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["in"], name
