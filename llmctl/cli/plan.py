@@ -156,7 +156,8 @@ def _render(console: Console, res: PlanResult) -> None:
         row += [f"{r.tflops_per_gpu:.0f}"] if wide else []
         row += [_bar(ev, inp.cluster.hbm_gib)] if bars else []
         table.add_row(*row)
-    console.print(table)
+    if shown:  # no valid layout at all: the rejections below say why
+        console.print(table)
     for rej in res.rejections:
         plural = "s" if rej.count != 1 else ""
         console.print(f"[red]✗[/] {rej.reason} [dim]({rej.count} layout{plural})[/]")
@@ -164,7 +165,8 @@ def _render(console: Console, res: PlanResult) -> None:
         days = res.best.rates.time_to_train_s / 86400
         console.print(f"Time to train {inp.run.train_tokens:.3g} tokens: {days:.1f} days")
     if not res.ranked:
-        console.print("[bold red]Nothing fits.[/] What would:")
+        head = "Nothing fits." if shown else "No valid layout."
+        console.print(f"[bold red]{head}[/] What would:")
         for tip in res.suggestions:
             console.print(f"  • {tip}")
 

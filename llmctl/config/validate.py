@@ -13,6 +13,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_precision(cfg)
     _validate_minimums(cfg)
     _validate_cluster(cfg)
+    _validate_plan(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -123,3 +124,22 @@ def _validate_cluster(cfg: RootConfig) -> None:
                 f"cluster.{key} must be > 0, got {value} (cluster {c.name}): set it in the "
                 "cluster file; `llmctl topo --gpu NAME -o FILE` fills it for a known GPU"
             )
+    if c.nvlink_domain_size < 1 or c.sm_count < 0:
+        raise UserError(
+            f"cluster.nvlink_domain_size must be >= 1 and cluster.sm_count >= 0 (0 = ignore), "
+            f"got {c.nvlink_domain_size} and {c.sm_count} (cluster {c.name})"
+        )
+
+
+def _validate_plan(cfg: RootConfig) -> None:
+    """The search settings (checked here so that a bad one is a line, not a traceback)."""
+    s = cfg.plan
+    if s.top_k < 1:
+        raise UserError(f"plan.top_k must be >= 1, got {s.top_k}")
+    if not 0 <= s.headroom_fraction < 1:
+        raise UserError(f"plan.headroom_fraction must be in [0, 1), got {s.headroom_fraction}")
+    if not s.micro_batch_sizes or min(s.micro_batch_sizes) < 1:
+        raise UserError(
+            f"plan.micro_batch_sizes must be a non-empty list of sizes >= 1, "
+            f"got {list(s.micro_batch_sizes)}"
+        )

@@ -139,7 +139,12 @@ def check_constraints(inp: PlanInput) -> None:
     """Raise ValueError naming the failing product when fixed dimensions are impossible."""
     c, world = inp.constraints, inp.cluster.world_size
     tp, pp, cp = c.tp or 1, c.pp or 1, c.cp or 1
-    check_world(world, tp, pp, cp)
+    try:
+        check_world(world, tp, pp, cp)
+        if c.dp and world % (tp * pp * cp * c.dp):
+            raise ValueError(f"{world} GPUs not divisible by TP*PP*CP*DP = {tp}*{pp}*{cp}*{c.dp}")
+    except ValueError as exc:
+        raise ValueError(f"{exc}{_world_hint(inp, tp * pp * cp * (c.dp or 1))}") from None
     if c.tp and (reason := _tp_reason(inp, c.tp)):
         raise ValueError(reason)
     if c.cp and (reason := _cp_reason(inp, c.cp)):
@@ -153,6 +158,7 @@ def check_constraints(inp: PlanInput) -> None:
         raise ValueError(_pp_reason(inp.model, c.pp, c.vpp or 1))
     if c.ep and c.ep > 1 and not inp.model.is_moe:
         raise ValueError(f"EP={c.ep} needs an MoE model ({inp.model.name} is dense)")
+    _check_moe(inp)
     if c.sequence_parallel and c.tp == 1:
         raise ValueError("sequence parallelism needs TP > 1 (TP=1 is fixed)")
     if c.sharding == Sharding.full and c.pp and c.pp > 1:
@@ -163,6 +169,43 @@ def check_constraints(inp: PlanInput) -> None:
             f"{world // (c.tp * c.pp * c.cp)}"
         )
     _check_batch(inp)
+
+
+def _world_hint(inp: PlanInput, fixed: int) -> str:
+    """Where the world size comes from, when the fixed dimensions need more GPUs than it."""
+    cl = inp.cluster
+    if fixed <= cl.world_size:
+        return ""
+    return (
+        f" (cluster.num_nodes {cl.num_nodes} x cluster.gpus_per_node {cl.gpus_per_node}; "
+        "--nodes/--gpus-per-node set them)"
+    )
+
+
+def _check_moe(inp: PlanInput) -> None:
+    """Fixed expert dimensions megatron-core cannot build, and fixed dimensions that rule out
+    the all-to-all overlap asked for (the search's own rejections, named up front)."""
+    c, m, world = inp.constraints, inp.model, inp.cluster.world_size
+    if not m.is_moe:
+        return
+    if c.ep and m.num_experts % c.ep:
+        raise ValueError(f"EP={c.ep} does not divide {m.num_experts} experts")
+    pp, ep, etp = c.pp or 1, c.ep or 1, c.etp
+    if etp and world % (etp * ep * pp):
+        raise ValueError(f"{world} GPUs not divisible by ETP*EP*PP = {etp}*{ep}*{pp}")
+    if not inp.run.moe_a2a_overlap:
+        return
+    if c.ep == 1:
+        raise ValueError("parallel.moe_a2a_overlap=true needs EP > 1, EP=1 is fixed")
+    if c.recompute == Recompute.full:
+        raise ValueError(
+            "parallel.moe_a2a_overlap=true needs recompute other than full, "
+            "parallel.recompute=full is fixed"
+        )
+    if c.pp and c.pp > 1 and c.vpp == 1:
+        raise ValueError(
+            f"parallel.moe_a2a_overlap=true needs VPP > 1 when PP > 1, PP={c.pp} VPP=1 is fixed"
+        )
 
 
 def _check_batch(inp: PlanInput) -> None:
@@ -327,7 +370,7 @@ def plan(inp: PlanInput, *, suggest: bool = True) -> PlanResult:
     closest = None
     if scored and not fitting:
         closest = evaluate(inp, min(scored, key=lambda s: s[1])[2])
-    tips = tuple(suggestions(inp)) if suggest and not fitting else ()
+    tips = tuple(suggestions(inp, valid=bool(scored))) if suggest and not fitting else ()
     return PlanResult(
         input=inp,
         ranked=tuple(evaluate(inp, s[2]) for s in fitting[: max(inp.search.top_k, 1)]),
@@ -360,9 +403,10 @@ def _split(num_layers: int, pp: int, vpp: int, allow_uneven: bool) -> StageSplit
     return split
 
 
-def suggestions(inp: PlanInput) -> list[str]:
+def suggestions(inp: PlanInput, *, valid: bool = True) -> list[str]:
     """What would make something fit: relax fixed choices one by one, then together, then
-    add GPUs."""
+    add GPUs, then (when no layout of this world and batch is valid: `valid` False, or
+    nothing else worked) the nearest global batch sizes and node counts."""
     c = inp.constraints
     steps = [
         ("full activation recompute", dict(recompute=Recompute.full)),
@@ -390,7 +434,39 @@ def suggestions(inp: PlanInput) -> list[str]:
                 )
                 break
     out += _more_gpus(inp)
-    return out or ["nothing tried fits: a larger-memory GPU or a smaller model is needed"]
+    if not valid or not out:
+        out += _batch_or_nodes(inp)
+    if out:
+        return out
+    if not valid:
+        return ["no layout is valid (every candidate is rejected above) and no nearby batch "
+                "size or node count helps"]  # fmt: skip
+    return ["nothing tried fits: a larger-memory GPU or a smaller model is needed"]
+
+
+def _batch_or_nodes(inp: PlanInput) -> list[str]:
+    """The nearest global batch sizes that are multiples of the world size, and one node
+    fewer or more, each with every dimension but the fixed MBS searched."""
+    cl, gbs = inp.cluster, inp.run.global_batch_size
+    free = Constraints(micro_batch_size=inp.constraints.micro_batch_size)
+    out = []
+    lower, upper = gbs // cl.world_size * cl.world_size, -(-gbs // cl.world_size) * cl.world_size
+    for size in sorted({lower, upper} - {0, gbs}):
+        best = _try(replace(inp, run=replace(inp.run, global_batch_size=size), constraints=free))
+        if best:
+            out.append(
+                f"global batch size {size} (--gbs {size}): {best.layout.short()} fits "
+                f"({best.memory.total_gib:.1f} GiB)"
+            )
+    for nodes in (cl.num_nodes - 1, cl.num_nodes + 1):
+        other = replace(cl, num_nodes=nodes)
+        best = _try(replace(inp, cluster=other, constraints=free)) if nodes >= 1 else None
+        if best:
+            out.append(
+                f"{nodes} nodes ({other.world_size} GPUs, --nodes {nodes}): "
+                f"{best.layout.short()} fits ({best.memory.total_gib:.1f} GiB)"
+            )
+    return out
 
 
 def _more_gpus(inp: PlanInput) -> list[str]:

@@ -164,3 +164,93 @@ def test_old_gbps_cluster_keys_still_load(tmp_path: Path) -> None:
     cluster.write_text(yaml.safe_dump(yaml.safe_load(text)["cluster"]))
     res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "--cluster-file", str(cluster), "--json"])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--dp", "5"], "64 GPUs not divisible by TP*PP*CP*DP = 1*1*1*5"),
+        (["--tp", "8", "--dp", "16"], "64 GPUs not divisible by TP*PP*CP*DP = 8*1*1*16"),
+        (["plan.headroom_fraction=1.5"], "plan.headroom_fraction must be in [0, 1), got 1.5"),
+        (["plan.micro_batch_sizes=[]"], "plan.micro_batch_sizes must be a non-empty list"),
+        (["plan.top_k=0"], "plan.top_k must be >= 1, got 0"),
+        (["cluster.nvlink_domain_size=0"], "cluster.nvlink_domain_size must be >= 1"),
+    ],
+)
+def test_impossible_fixed_dp_and_bad_plan_settings_are_one_line(args: list[str], line: str) -> None:
+    """A fixed DP that cannot divide the world, and out-of-range plan.* / cluster settings,
+    are one line naming the field (they were an empty 'closest' table with exit code 0, or a
+    ValueError traceback)."""
+    res = runner.invoke(app, ["plan", R70, *args])
+    assert res.exit_code == 2, res.output
+    assert line in res.output
+    assert "Traceback" not in res.output and "Closest layout" not in res.output
+
+
+def test_cpu_ranks_follow_the_layout_as_in_train() -> None:
+    """On a CPU cluster `llmctl train` makes as many ranks as the layout asks; `plan` plans the
+    same world (it refused `--pp 2` on the one-rank tiny_cpu cluster, which train runs), and
+    a layout both refuse is refused with the same line."""
+    res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "--pp", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["world_size"] == 2 and data["ranked"][0]["layout"]["pp"] == 2
+    plan_res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "--dp", "3"])
+    train_res = runner.invoke(app, ["train", "recipe=tiny_cpu", "--dp", "3", "--dry-run"])
+    assert plan_res.exit_code == train_res.exit_code == 2, plan_res.output + train_res.output
+    assert "GBS 8 not divisible by MBS*DP = 4*3" in plan_res.output
+    assert plan_res.output.strip() in train_res.output
+
+
+def test_no_valid_layout_suggests_a_batch_or_node_count_that_works() -> None:
+    """On 3 nodes (24 GPUs) every DP has a factor 3 and misses GBS 128, and so do 2x-16x the
+    nodes: the plan said a larger-memory GPU or a smaller model was needed (false: the
+    recipe fits its 8 nodes) under an empty 'closest' table. It names batch sizes and node
+    counts that do plan, and each one does."""
+    res = runner.invoke(app, ["plan", R70, "--nodes", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["num_candidates"] == 0 and data["closest"] is None
+    tips = data["suggestions"]
+    assert not any("larger-memory GPU" in tip for tip in tips), tips
+    assert any(tip.startswith("global batch size 120 (--gbs 120)") for tip in tips), tips
+    assert any(tip.startswith("4 nodes (32 GPUs, --nodes 4)") for tip in tips), tips
+    for extra in (["--nodes", "3", "--gbs", "120"], ["--nodes", "4"]):
+        again = json.loads(runner.invoke(app, ["plan", R70, *extra, "--json"]).output)
+        assert again["ranked"], extra
+    text = runner.invoke(app, ["plan", R70, "--nodes", "3"]).output
+    assert "No valid layout. What would:" in text and "Closest layout" not in text
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--ep", "3"], "EP=3 does not divide 8 experts"),
+        (["parallel.etp=3"], "64 GPUs not divisible by ETP*EP*PP = 3*1*1"),
+        (
+            ["parallel.moe_a2a_overlap=true", "--ep", "1"],
+            "parallel.moe_a2a_overlap=true needs EP > 1, EP=1 is fixed",
+        ),
+        (
+            ["parallel.moe_a2a_overlap=true", "parallel.recompute=full"],
+            "needs recompute other than full, parallel.recompute=full is fixed",
+        ),
+        (
+            ["parallel.moe_a2a_overlap=true", "--pp", "4", "--vpp", "1"],
+            "needs VPP > 1 when PP > 1, PP=4 VPP=1 is fixed",
+        ),
+    ],
+)
+def test_impossible_fixed_moe_dims_are_one_line_in_plan_and_train(
+    args: list[str], line: str
+) -> None:
+    """Fixed expert dimensions that cannot work: `plan` printed an empty search (exit 0) and
+    `train --dry-run` 'the planner found no valid layout' followed by unrelated tips; both
+    now name the field and why, with exit code 2."""
+    mixtral = "recipe=mixtral_8x7b_pretrain_64gpu_h100_bf16"
+    wide = {"COLUMNS": "300"}  # the error panel is as wide as the terminal
+    res = runner.invoke(app, ["plan", mixtral, *args], env=wide)
+    dry = runner.invoke(app, ["train", mixtral, *args, "launcher=slurm", "--dry-run"], env=wide)
+    for out in (res, dry):
+        assert out.exit_code == 2, out.output
+        assert line in out.output and "Traceback" not in out.output
