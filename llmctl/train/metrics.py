@@ -126,11 +126,22 @@ class StepMetrics:
     time: float = field(default_factory=time.time)
 
 
+SUPERSEDED_METRICS = "metrics.superseded.jsonl"
+
+
 class MetricsLog:
     """Appends one JSON object per line to RUN_DIR/metrics.jsonl (rank 0 only)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, start_step: int = 0) -> None:
+        """Open `path` for appending after step `start_step` (the step the run resumed at).
+
+        Records of later steps, written by a run that died after its newest checkpoint, and a
+        line cut short by the crash, are moved to metrics.superseded.jsonl first, so that
+        metrics.jsonl holds every step once, in order, as the resumed run trained it.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_file():
+            _drop_lost_steps(path, start_step)
         self._f: TextIO = path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
@@ -145,6 +156,42 @@ class MetricsLog:
     def close(self) -> None:
         """Close the file."""
         self._f.close()
+
+
+def _step_of(line: str) -> int | None:
+    """The step of one whole (newline-terminated) metrics record, else None."""
+    if not line.endswith("\n"):
+        return None
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _drop_lost_steps(path: Path, start_step: int) -> None:
+    """Move records after `start_step` and unterminated lines from `path` to the superseded
+    file (appended), rewriting `path` atomically; a no-op when there are none."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines(keepends=True)
+    keep: list[str] = []
+    lost: list[str] = []
+    for line in lines:
+        step = _step_of(line)
+        (keep if step is not None and step <= start_step else lost).append(line)
+    if not lost:
+        return
+    with (path.parent / SUPERSEDED_METRICS).open("a", encoding="utf-8") as f:
+        f.writelines(x if x.endswith("\n") else x + "\n" for x in lost)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(keep), encoding="utf-8")
+    os.replace(tmp, path)
+    logging.getLogger(__name__).info(
+        "metrics.jsonl: %d record(s) after step %d (from before the resume) moved to %s",
+        len(lost),
+        start_step,
+        SUPERSEDED_METRICS,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -75,7 +75,9 @@ def predicted_from_plan(plan: dict[str, Any] | None) -> dict[str, float | None]:
 class _Observer:
     """Rank 0's metrics file, panel and wandb; a no-op on other ranks."""
 
-    def __init__(self, cfg: Any, run_dir: Path, layout: TrainLayout, on_gpu: bool, rank: int):
+    def __init__(
+        self, cfg: Any, run_dir: Path, layout: TrainLayout, on_gpu: bool, rank: int, start: int
+    ):
         from llmctl.train.panel import Panel
 
         self.rank0 = rank == 0
@@ -92,7 +94,8 @@ class _Observer:
         self.cpu_share: float | None = None
         self.rank_cpu: list[list[float]] | None = None
         self.corrected_times: list[float] = []
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl") if self.rank0 else None
+        path = run_dir / "metrics.jsonl"
+        self.metrics = MetricsLog(path, start_step=start) if self.rank0 else None
         mem_label = "GPU mem GiB" if on_gpu else "host RSS GiB"
         title = f"llmctl train: {cfg.recipe or cfg.model.name}"
         self.panel = Panel(title, self.total, mem_label, live=None if self.rank0 else False)
@@ -266,7 +269,7 @@ def _train_loop(
         from llmctl.hf.init import init_weights
 
         init_weights(trainer.state, cfg, run_dir)
-    obs = _Observer(cfg, run_dir, layout, on_gpu, rank)
+    obs = _Observer(cfg, run_dir, layout, on_gpu, rank, trainer.state.step)
     t = cfg.train
     report = None
     try:

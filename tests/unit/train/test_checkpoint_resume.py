@@ -120,9 +120,19 @@ def test_saves_are_committed_and_valid(baseline) -> None:
 def test_resume_is_bit_exact(baseline, corpus: Path, tmp_path: Path) -> None:
     run_dir, losses = baseline
     _copy_checkpoint(run_dir, tmp_path, 4)  # the run "died" right after step 4 was committed
+    # ... having logged steps 5 and 6 and half of 7 (kill -9 in the middle of a write).
+    logged = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "metrics.jsonl").write_text("".join(logged[:6]) + logged[6][:25])
     resumed = _train(_cfg(corpus, ITERS), tmp_path)
     assert resumed.losses == losses[4:]  # exact float equality on CPU
     assert store.committed_steps(tmp_path / "checkpoints")[-1] == ITERS
+    # metrics.jsonl: every step once, in order; the died run's steps 5-7 set aside, not lost.
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, ITERS + 1))
+    assert [r["loss"] for r in records[4:]] == losses[4:]
+    superseded = (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in superseded[:2]] == [5, 6]
+    assert superseded[2] == logged[6][:25]
 
 
 def test_corrupt_newest_is_skipped(baseline, corpus: Path, tmp_path: Path) -> None:
