@@ -614,6 +614,28 @@ def quantize(
     return plan if dry_run else run_quantization(plan, progress)
 
 
+def _read_preset(path: Path) -> dict[str, Any]:
+    """The fields of a preset YAML file.
+
+    Raises:
+        UserError: Not UTF-8, not valid YAML (PyYAML's problem and line) or not a mapping.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not valid YAML (invalid UTF-8 at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UserError(f"{path}: not valid YAML ({where}{problem})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of quant fields, got a {type(data).__name__}")
+    return data
+
+
 def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
     """`QuantConfig` from `configs/quant/<name>.yaml` (or a YAML path), then `overrides`.
 
@@ -621,8 +643,6 @@ def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
         UserError: Unknown preset or field.
     """
     import dataclasses
-
-    import yaml
 
     from llmctl.config.resources import list_options, resource_dir
     from llmctl.config.schema import QuantConfig
@@ -635,7 +655,7 @@ def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
         if not path.is_file():
             known = ", ".join(list_options("quant"))
             raise UserError(f"unknown quantization preset {name!r}; choose one of {known}")
-    data = {**(yaml.safe_load(path.read_text()) or {}), **(overrides or {})}
+    data = {**_read_preset(path), **(overrides or {})}
     fields = {f.name for f in dataclasses.fields(QuantConfig)}
     unknown = sorted(set(data) - fields)
     if unknown:

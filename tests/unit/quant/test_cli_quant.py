@@ -226,3 +226,24 @@ def test_data_without_tokens_says_so(hf_dir: Path, tmp_path: Path) -> None:
         assert code == 2 and f"data {tmp_path / data} has no tokens" in " ".join(text.split()), text
         assert "--num-samples" not in text and "Traceback" not in text
         assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("scheme: [W4A16\n", "not valid YAML (line 2"),
+        ("- scheme\n- W4A16\n", "expected a mapping of quant fields, got a list"),
+        ("scheme: W4A16\n\xff\n", "not valid YAML"),
+    ],
+)
+def test_malformed_preset_file_is_one_line(
+    hf_dir: Path, data: str, tmp_path: Path, body: str, message: str
+) -> None:
+    """A preset YAML that does not parse (PyYAML's own error, with its line) or is not a
+    mapping is one line naming the file, exit code 2 (was a ParserError / TypeError traceback)."""
+    preset = tmp_path / "mine.yaml"
+    preset.write_bytes(body.encode("latin-1"))
+    code, text = _quantize(str(hf_dir), "--out", str(tmp_path / "q"), "--preset", str(preset),
+                           "--data", data, "--dry-run")  # fmt: skip
+    flat = " ".join(text.split())
+    assert code == 2 and f"{preset}: {message}" in flat and "Traceback" not in text, text
