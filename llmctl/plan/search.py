@@ -243,12 +243,13 @@ class _Rejected:
 def _structures(inp: PlanInput, rej: _Rejected) -> list[Family]:
     """Valid (tp, cp, pp, vpp, dp) families."""
     c, world = inp.constraints, inp.cluster.world_size
+    pp_fixed = c.pp or 1  # a fixed PP (or CP) leaves only the divisors of the rest
     out = []
-    for tp in [c.tp] if c.tp else divisors(world):
+    for tp in [c.tp] if c.tp else divisors(world // (pp_fixed * (c.cp or 1))):
         if reason := _tp_reason(inp, tp):
             rej.add(reason)
             continue
-        for cp in [c.cp] if c.cp else divisors(world // tp):
+        for cp in [c.cp] if c.cp else divisors(world // (tp * pp_fixed)):
             if world % (tp * cp) or (reason := _cp_reason(inp, cp)):
                 rej.add(reason or f"{world} GPUs not divisible by TP*CP = {tp}*{cp}")
                 continue

@@ -195,3 +195,19 @@ def test_nothing_fits_says_what_would() -> None:
     assert res.suggestions
     text = " ".join(res.suggestions)
     assert "recompute" in text or "nodes" in text or "PP" in text
+
+
+def test_fixed_pp_rejects_no_layout_its_own_product_rules_out() -> None:
+    """With PP fixed the search lists only TP/CP that fit the rest of the world: `--pp 4` on
+    64 GPUs used to report '64 GPUs not divisible by TP*PP*CP = 1*4*32' and the like, layouts
+    nobody asked for."""
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    res = CliRunner().invoke(
+        app, ["plan", "recipe=mixtral_8x7b_pretrain_64gpu_h100_bf16", "--pp", "4"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "not divisible by TP*PP*CP" not in res.output and "TP*CP" not in res.output
+    assert "Fastest layouts that fit" in res.output
