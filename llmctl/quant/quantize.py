@@ -633,6 +633,11 @@ def _read_preset(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: not valid YAML ({where}{problem})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of quant fields, got a {type(data).__name__}")
+    if isinstance(data.get("ignore"), str):  # merged with --ignore before the spec checks it
+        raise UserError(
+            f"{path}: quant.ignore must be a list of module names or 're:' patterns, "
+            f"got {data['ignore']!r}"
+        )
     return data
 
 

@@ -121,6 +121,14 @@ class QuantSpec:
         return f"{self.scheme.value} {self.algorithm.value} {group}, ignore {','.join(self.ignore)}"
 
 
+def _integer(quant: Any, name: str) -> int:
+    """`quant.<name>` as an int; a string, float or bool is refused, never truncated."""
+    value = getattr(quant, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"quant.{name} must be an integer, got {value!r}")
+    return value
+
+
 def spec_from_config(quant: Any) -> QuantSpec:
     """Check `cfg.quant` (a `QuantConfig` or anything with its fields) and freeze it.
 
@@ -136,13 +144,19 @@ def spec_from_config(quant: Any) -> QuantSpec:
             f"quant.algorithm={algorithm.value} cannot produce {scheme.value}; use one of {allowed}"
         )
     weight_only = scheme in (Scheme.W8A16, Scheme.W4A16)
-    group = int(quant.group_size) if weight_only and int(quant.group_size) > 0 else None
+    group_size = _integer(quant, "group_size")
+    group = group_size if weight_only and group_size > 0 else None
     for name in ("num_calibration_samples", "calibration_seq_length"):
-        if int(getattr(quant, name)) < 1:
+        if _integer(quant, name) < 1:
             raise UserError(f"quant.{name} must be >= 1, got {getattr(quant, name)}")
-    if not 0.0 < float(quant.smoothing_strength) < 1.0:
+    strength = quant.smoothing_strength
+    if isinstance(strength, bool) or not isinstance(strength, int | float):
+        raise UserError(f"quant.smoothing_strength must be a number, got {strength!r}")
+    if not 0.0 < float(strength) < 1.0:
+        raise UserError(f"quant.smoothing_strength must be in (0, 1), got {strength}")
+    if isinstance(quant.ignore, str) or not all(isinstance(e, str) for e in quant.ignore):
         raise UserError(
-            f"quant.smoothing_strength must be in (0, 1), got {quant.smoothing_strength}"
+            f"quant.ignore must be a list of module names or 're:' patterns, got {quant.ignore!r}"
         )
     for entry in quant.ignore:
         _check_pattern(str(entry))

@@ -234,6 +234,9 @@ def test_data_without_tokens_says_so(hf_dir: Path, tmp_path: Path) -> None:
         ("scheme: [W4A16\n", "not valid YAML (line 2"),
         ("- scheme\n- W4A16\n", "expected a mapping of quant fields, got a list"),
         ("scheme: W4A16\n\xff\n", "not valid YAML"),
+        ("ignore: lm_head\n", "quant.ignore must be a list"),  # was ignore=[l, m, _, h, ...]
+        ("group_size: abc\n", "quant.group_size must be an integer, got 'abc'"),
+        ("num_calibration_samples: 2.5\n", "quant.num_calibration_samples must be an integer"),
     ],
 )
 def test_malformed_preset_file_is_one_line(
@@ -246,4 +249,5 @@ def test_malformed_preset_file_is_one_line(
     code, text = _quantize(str(hf_dir), "--out", str(tmp_path / "q"), "--preset", str(preset),
                            "--data", data, "--dry-run")  # fmt: skip
     flat = " ".join(text.split())
-    assert code == 2 and f"{preset}: {message}" in flat and "Traceback" not in text, text
+    assert code == 2 and message in flat and "Traceback" not in text, text
+    assert message.startswith("quant.") or f"{preset}: {message}" in flat
