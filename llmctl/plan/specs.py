@@ -200,10 +200,12 @@ class ClusterSpec:
     def tflops(self, dtype: str) -> float:
         """Achievable dense TFLOP/s per GPU for `dtype` (peak times achievable fraction)."""
         if dtype not in self.peak_tflops:
+            stated = [d for d in ("bf16", "fp16", "fp32") if d in self.peak_tflops]
+            other = f" (e.g. precision={stated[0]})" if stated else ""
             raise ValueError(
                 f"cluster {self.name} states no peak TFLOP/s for {dtype}: add "
                 f"peak_tflops.{dtype} (and achievable_fraction.{dtype}) to the cluster file "
-                f"given to --cluster-file, or plan another precision (e.g. precision=bf16)"
+                f"given to --cluster-file, or plan another precision{other}"
             )
         return self.peak_tflops[dtype] * self.achievable_fraction.get(dtype, 1.0)
 

@@ -254,3 +254,11 @@ def test_impossible_fixed_moe_dims_are_one_line_in_plan_and_train(
     for out in (res, dry):
         assert out.exit_code == 2, out.output
         assert line in out.output and "Traceback" not in out.output
+
+
+def test_missing_peak_suggests_a_precision_the_cluster_states() -> None:
+    """local_cpu states only fp32: planning bf16 there suggested `precision=bf16` itself."""
+    res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "precision=bf16"], env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert "states no peak TFLOP/s for bf16" in res.output
+    assert "(e.g. precision=fp32)" in res.output and "precision=bf16)" not in res.output
