@@ -198,7 +198,7 @@ def _launched(run_dir: Path) -> dict[str, Any]:
 def _dir_status(run_dir: Path) -> RunStatus:
     launch = _launched(run_dir)
     if launch.get("kind") == "slurm":
-        job_id = str(launch.get("job_id") or _read(run_dir / JOB_ID_FILE).strip())
+        job_id = _job_id(run_dir, launch)
         status = _slurm_status(run_dir, job_id, _scontrol_job(job_id))
         if status.state == "GONE" and "exit_code" in launch:  # recorded by the batch script
             return replace(status, exit_code=f"{launch['exit_code']}:0")
@@ -239,6 +239,21 @@ def _slurm_status(run_dir: Path | None, job_id: str, job: dict[str, str]) -> Run
     )
 
 
+def _job_id(run_dir: Path, launch: dict[str, Any]) -> str:
+    """The SLURM job id of a run: launch.json, else the slurm_job_id file.
+
+    Raises:
+        UserError: Neither names one (asking scontrol for "" would list every job).
+    """
+    job_id = str(launch.get("job_id") or _read(run_dir / JOB_ID_FILE).strip())
+    if not job_id:
+        raise UserError(
+            f"{run_dir}: no SLURM job id in {LAUNCH_FILE} or {JOB_ID_FILE}; "
+            "pass the job id itself: `llmctl status JOBID`"
+        )
+    return job_id
+
+
 def _slurm_value(value: str | None) -> str | None:
     """scontrol's spelling of "no value" (`Reason=None`, `NodeList=(null)`) as None."""
     return None if value in (None, "", "None", "(null)") else value
@@ -248,8 +263,7 @@ def log_path(run_dir: Path) -> Path:
     """The file holding a run's console output (SLURM output, or the launcher's tee)."""
     launch = read_launch(run_dir)
     if launch.get("kind") == "slurm":
-        job_id = str(launch.get("job_id") or _read(run_dir / JOB_ID_FILE).strip())
-        return run_dir / f"slurm-{job_id}.out"
+        return run_dir / f"slurm-{_job_id(run_dir, launch)}.out"
     if launch.get("kind") == "torchrun":
         return run_dir / "logs" / "node0.log"
     return run_dir / "logs" / "launcher.log"

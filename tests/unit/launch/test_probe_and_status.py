@@ -72,18 +72,23 @@ def test_state_line_says_why_a_finished_run_ended() -> None:
 
 
 @pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["logs"]])
-def test_cut_short_launch_record_is_one_line_naming_it(tmp_path: Path, command: list[str]) -> None:
+def test_cut_short_launch_record_is_one_line_naming_it(
+    tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The final record is written in place on a full disk; a crash there leaves a cut JSON.
     from typer.testing import CliRunner
 
     from llmctl.cli.main import app
     from llmctl.launch.api import write_launch
 
-    (tmp_path / "config.yaml").write_text("recipe: tiny_cpu\n")
-    write_launch(tmp_path, {"kind": "local", "run_dir": str(tmp_path), "pid": 1})
-    record = tmp_path / "launch.json"
+    monkeypatch.chdir(tmp_path)  # a short path: the error box would cut a long one
+    run = Path("run")
+    run.mkdir()
+    (run / "config.yaml").write_text("recipe: tiny_cpu\n")
+    write_launch(run, {"kind": "local", "run_dir": str(tmp_path / run), "pid": 1})
+    record = run / "launch.json"
     record.write_text(record.read_text()[:20])
-    res = CliRunner().invoke(app, [*command[:1], str(tmp_path), *command[1:]])
+    res = CliRunner().invoke(app, [*command[:1], "run", *command[1:]])
     assert res.exit_code == 2, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert f"{record} is not valid JSON" in " ".join(res.output.replace("│", " ").split())
@@ -134,3 +139,24 @@ def test_launcher_killed_without_a_record_is_not_running_under_a_reused_pid(
         mine, started=time.time(), pid=os.getpid(), host=socket.gethostname()
     )
     assert state == "RUNNING"
+
+
+@pytest.mark.parametrize("command", ["status", "logs"])
+def test_slurm_run_without_a_job_id_is_refused_not_another_jobs_state(
+    tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `scontrol show job ""` lists every job: status printed some other job's state.
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+    from llmctl.launch.api import write_launch
+
+    monkeypatch.chdir(tmp_path)  # a short path: the error box would cut a long one
+    run = Path("run")
+    run.mkdir()
+    (run / "config.yaml").write_text("recipe: tiny_cpu\n")
+    write_launch(run, {"kind": "slurm", "run_dir": str(tmp_path / run)})
+    res = CliRunner().invoke(app, [command, "run"])
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.replace("│", " ").split())
+    assert "run: no SLURM job id in launch.json or slurm_job_id" in text
