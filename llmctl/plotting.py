@@ -8,8 +8,9 @@ recipe names one) are labelled.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 
@@ -63,6 +64,8 @@ def plot_plan(res: PlanResult, path: str | Path, top_k: int = 5) -> Path:
     import matplotlib.pyplot as plt
 
     out = check_plot_path(path)
+    if not res.points:
+        raise UserError(f"--plot {out}: no valid layout to plot (the rejections above say why)")
     xmax = res.usable_gib * X_CLIP
     fastest = min((p[0] for p in res.points if p[2]), default=min(p[0] for p in res.points))
     ymax = fastest * Y_CLIP
@@ -126,9 +129,22 @@ def plot_plan(res: PlanResult, path: str | Path, top_k: int = 5) -> Path:
     ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     key = "Software" if out.suffix.lower() == ".png" else "Creator"
-    fig.savefig(out, dpi=130, metadata={key: _CREATOR})
+    _save(fig, out, key)
     plt.close(fig)
     return out
+
+
+def _save(fig: Any, out: Path, key: str) -> None:
+    """Write the figure whole: into a temporary name in a created folder, renamed into place
+    (a missing folder was a FileNotFoundError traceback after the plan)."""
+    tmp = out.with_name(f".{out.stem}.llmctl-partial-{os.getpid()}{out.suffix}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, dpi=130, metadata={key: _CREATOR})
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
 
 
 def _label(

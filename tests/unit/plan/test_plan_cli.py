@@ -262,3 +262,21 @@ def test_missing_peak_suggests_a_precision_the_cluster_states() -> None:
     assert res.exit_code == 2, res.output
     assert "states no peak TFLOP/s for bf16" in res.output
     assert "(e.g. precision=fp32)" in res.output and "precision=bf16)" not in res.output
+
+
+def test_plot_into_a_new_folder_and_with_nothing_to_plot(tmp_path: Path) -> None:
+    """`--plot` into a folder that does not exist yet (accepted by the up-front check) was a
+    FileNotFoundError traceback after the plan; a plan without any valid layout was a
+    ValueError traceback. The first writes the figure (whole, nothing else left there), the
+    second is one line, exit code 2, and writes nothing."""
+    png = tmp_path / "new" / "sub" / "plan.png"
+    res = runner.invoke(app, ["plan", R70, "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in png.parent.iterdir()] == ["plan.png"]
+    empty = tmp_path / "none.png"
+    args = ["plan", R70, "--nodes", "3", "--plot", str(empty)]
+    res = runner.invoke(app, args, env={"COLUMNS": "300"})
+    assert res.exit_code == 2, res.output
+    assert "no valid layout to plot" in res.output and not empty.exists()
+    assert "Traceback" not in res.output
