@@ -177,7 +177,11 @@ class Tokenizer:
         if eod is None:
             raise UserError(f"tokenizer {self.spec.path} has no end-of-document token {eod_token}")
         self.eod, self.vocab_size = int(eod), int(tok.get_vocab_size(with_added_tokens=True))
-        self._encode = lambda texts: [e.ids for e in tok.encode_batch_fast(texts)]
+        # No post-processor specials (a Llama/Mistral BOS): Megatron-LM's HuggingFaceTokenizer
+        # tokenizes without them unless --tokenizer-hf-include-special-tokens is given.
+        self._encode = lambda texts: [
+            e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)
+        ]
         self._splittable = hf_splittable(json.loads(self.spec.path.read_text(encoding="utf-8")))
 
     def _load_sentencepiece(self) -> None:
@@ -406,7 +410,7 @@ def _fastokens_flat(spec: TokenizerSpec, eod: int) -> FlatEncode | None:
     try:
         if spec.kind is TokenizerKind.HF:
             tok = fastokens.Tokenizer.from_file(str(spec.path))
-            special, split = True, False
+            special, split = False, False  # as the reference: no post-processor specials
         else:
             tok = fastokens.Tokenizer.from_tiktoken(
                 str(spec.path),

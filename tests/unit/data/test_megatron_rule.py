@@ -125,3 +125,48 @@ def test_records_megatron_lm_cannot_read_fail_with_their_line(
     with pytest.raises(UserError, match=r"bad\.jsonl:2: " + problem.replace("(", r"\(")):
         preprocess(cfg)
     assert not (tmp_path / "o.idx").exists()
+
+
+def test_bos_post_processor_is_not_applied_as_in_megatron(
+    tmp_path: Path, hf_tokenizer: Path
+) -> None:
+    """A tokenizer.json whose post-processor adds a BOS (Llama 2/3, Mistral): Megatron-LM's
+    `HuggingFaceTokenizer` (default, no `--tokenizer-hf-include-special-tokens`) tokenizes
+    without it, so an empty document stays without a sequence; llmctl writes the same bytes
+    with either engine (it added BOS to every document and wrote [BOS, EOD] for an empty one)."""
+    import shutil
+
+    from megatron.core.tokenizers import MegatronTokenizer
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import processors
+
+    from llmctl.data.tokenizer import Tokenizer, resolve_tokenizer
+
+    tok_dir = tmp_path / "bos_tok"
+    shutil.copytree(hf_tokenizer.parent, tok_dir)
+    tok = HFTokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    tok.add_special_tokens(["<s>"])
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", bos)]
+    )
+    tok.save(str(tok_dir / "tokenizer.json"))
+    assert tok.encode("x").ids[0] == bos  # the file really adds a BOS
+    oracle = MegatronTokenizer.from_pretrained(
+        tokenizer_path=str(tok_dir), metadata_path={"library": "huggingface"}
+    )
+    expected = [list(oracle.tokenize(t)) for t in AWKWARD]
+    for engine in ("reference", "fastokens"):
+        ours = Tokenizer(resolve_tokenizer(tok_dir), engine=engine)
+        assert ours.engine.value == engine
+        assert ours.encode_batch(AWKWARD) == expected, engine
+    megatron_expected(tok_dir, AWKWARD, tmp_path / "expected")
+    prefix = tmp_path / "ours"
+    cfg = PreprocessConfig(
+        inputs=[str(write_awkward(tmp_path / "awkward.jsonl"))], output_prefix=str(prefix),
+        tokenizer=str(tok_dir), num_workers=1, chunk_bytes=200_000,
+    )  # fmt: skip
+    preprocess(cfg)
+    for suffix in (".bin", ".idx"):
+        ours_bytes = Path(f"{prefix}{suffix}").read_bytes()
+        assert ours_bytes == Path(f"{tmp_path / 'expected'}{suffix}").read_bytes(), suffix
