@@ -131,6 +131,23 @@ def _no_tokens(data: str | Path, why: str) -> str:
     return f"data {data} has no tokens ({why}); pass --data with text to calibrate on"
 
 
+def _prefix_of(data: str | Path) -> str:
+    """The indexed-dataset prefix meant by `data`: `d.bin` or `d.idx` mean `d`.
+
+    Raises:
+        UserError: `data` is a folder.
+    """
+    p = Path(data)
+    if p.is_dir():
+        raise UserError(
+            f"calibration data {data} is a folder; pass an indexed dataset prefix (PREFIX for "
+            "PREFIX.bin/.idx) or a .jsonl/.txt file"
+        )
+    if p.suffix in (".bin", ".idx") and not bin_path(p).is_file():
+        return str(p.with_suffix(""))
+    return str(data)
+
+
 def load_tokens(data: str | Path, tokenizer: str | Path | None) -> np.ndarray:
     """Token stream of `data`: an indexed prefix (already tokenized) or a JSONL/text file
     (tokenized here with `tokenizer`, the model's own).
@@ -139,7 +156,7 @@ def load_tokens(data: str | Path, tokenizer: str | Path | None) -> np.ndarray:
         UserError: missing or malformed data, or data without a single token.
     """
     if not is_text_data(data):
-        return open_tokens(data)
+        return open_tokens(_prefix_of(data))
     if tokenizer is None:
         raise UserError(f"data {data} is text and the model has no tokenizer; pass --tokenizer")
     return text_tokens(data, tokenizer)

@@ -104,3 +104,15 @@ def test_short_data_without_calibration_asks_only_for_fewer_eval_tokens(tmp_path
     assert "--num-samples" not in str(err.value) and "0 samples" not in str(err.value)
     with pytest.raises(UserError, match="lower --num-samples, --seq-len or --eval-tokens"):
         split_tokens(tokens, 2, 16, 4)
+
+
+def test_prefix_given_with_its_suffix_or_a_folder(tmp_path: Path) -> None:
+    """`--data d.bin` (or `.idx`) reads the dataset `d`, as megatron-core's IndexedDataset
+    would from the prefix; a folder is one line saying what is expected."""
+    from llmctl.quant.calibration import load_tokens
+
+    prefix = _dataset(tmp_path, np.arange(100, dtype=np.uint16))
+    for suffix in (".bin", ".idx"):
+        assert load_tokens(prefix + suffix, None).tolist() == list(range(100))
+    with pytest.raises(UserError, match=r"is a folder; pass an indexed dataset prefix"):
+        load_tokens(tmp_path, None)
