@@ -86,7 +86,12 @@ def _load_yaml(path: Path) -> dict[str, Any]:
         node = OmegaConf.load(path)
     except Exception as exc:  # yaml errors carry line numbers in their text
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{path}: not valid YAML ({first})") from None
+        mark = getattr(exc, "problem_mark", None)  # yaml's MarkedYAMLError: 0-based line
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        problem = getattr(exc, "problem", None)
+        raise UserError(
+            f"{path}:{where} not valid YAML ({first}{f': {problem}' if problem else ''})"
+        ) from None
     if not isinstance(node, DictConfig):
         raise UserError(f"{path}: expected a mapping at the top level")
     return cast(dict[str, Any], OmegaConf.to_container(node, resolve=False))

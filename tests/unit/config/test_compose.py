@@ -65,10 +65,13 @@ def test_recipe_from_yaml_path_and_resolved_round_trip(tmp_path: Path) -> None:
     assert load_resolved(saved) == cfg
 
 
-def test_malformed_recipe_file_names_the_file(tmp_path: Path) -> None:
+def test_malformed_recipe_file_names_the_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: [unclosed\n")
-    with pytest.raises(UserError, match=r"bad\.yaml: not valid YAML"):
+    with pytest.raises(UserError, match=r"bad\.yaml: line 2: not valid YAML"):
+        compose(str(bad))
+    bad.write_text("train:\n  train_iters: 5\n lr: 1.0\n")  # PyYAML: the mark is 0-based
+    with pytest.raises(UserError, match=r"bad\.yaml: line 3: not valid YAML \(while parsing"):
         compose(str(bad))
 
 
