@@ -444,10 +444,26 @@ def plan_config(
         published = cfg.plan.published_layout
         if published:
             layout = layout_from_dict(dict(published), "plan.published_layout")
-            result = replace(result, reference=evaluate(inp, layout))
+            if in_search(inp, layout):
+                result = replace(result, reference=evaluate(inp, layout))
         return result
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def in_search(inp: PlanInput, layout: Layout) -> bool:
+    """Whether the search of `inp` could have listed `layout`: the same world size and every
+    fixed dimension equal (the published layout of a recipe is compared only then; ranked
+    against another world or fixed dimensions it was a meaningless '#1' or '#1672')."""
+    if layout.tp * layout.pp * layout.cp * layout.dp != inp.cluster.world_size:
+        return False
+    c = inp.constraints
+    fixed = {
+        "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "ep": c.ep, "dp": c.dp,
+        "micro_batch_size": c.micro_batch_size, "sequence_parallel": c.sequence_parallel,
+        "recompute": c.recompute, "sharding": c.sharding,
+    }  # fmt: skip
+    return all(want is None or getattr(layout, name) == want for name, want in fixed.items())
 
 
 def layout_from_dict(data: dict[str, Any], source: str) -> Layout:

@@ -280,3 +280,16 @@ def test_plot_into_a_new_folder_and_with_nothing_to_plot(tmp_path: Path) -> None
     assert res.exit_code == 2, res.output
     assert "no valid layout to plot" in res.output and not empty.exists()
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("extra", [["--nodes", "16"], ["--tp", "8", "--pp", "4"]])
+def test_published_layout_is_compared_only_within_its_search(extra: list[str]) -> None:
+    """The recipe's published layout (64 GPUs, TP4 PP8) was ranked against a 128-GPU search
+    (#1672) and against a TP8 PP4 search, where --explain called it 'the fastest fitting
+    layout', though that search cannot list it. Now it is left out there."""
+    data = json.loads(runner.invoke(app, ["plan", R70, *extra, "--json"]).output)
+    assert data["ranked"] and data["published"] is None and data["published_rank"] is None
+    text = runner.invoke(app, ["plan", R70, *extra, "--explain"]).output
+    assert "Published layout" not in text
+    full = json.loads(runner.invoke(app, ["plan", R70, "--json"]).output)
+    assert full["published_rank"] == 8
