@@ -485,7 +485,10 @@ def _jsonl_text(box: list[bytes], text_field: str) -> tuple[str | None, Problem 
         record = json.loads(decoded)
     except json.JSONDecodeError as e:
         return None, Problem.INVALID_JSON, e.msg
-    if not isinstance(record, dict) or text_field not in record:
+    if not isinstance(record, dict):
+        kind = "an array" if isinstance(record, list) else f"a {type(record).__name__}"
+        return None, Problem.MISSING_FIELD, f"{text_field!r}: the line is {kind}, not an object"
+    if text_field not in record:
         return None, Problem.MISSING_FIELD, repr(text_field)
     text = record[text_field]
     if not isinstance(text, str):

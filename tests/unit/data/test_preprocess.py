@@ -174,3 +174,14 @@ def test_bad_document_leaves_no_work_folder(tmp_path: Path, hf_tokenizer: Path) 
         with pytest.raises(UserError, match=line):
             preprocess(_cfg([src / name], tmp_path / "out", hf_tokenizer, num_workers=1))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["in"], name
+
+
+def test_a_json_array_line_is_named_as_such(tmp_path: Path, hf_tokenizer: Path) -> None:
+    """A whole JSON array on one line (a .json file that is not JSONL) is reported as an
+    array, not as a record that merely lacks the text field."""
+    (tmp_path / "arr.json").write_text('[{"text": "a"}, {"text": "b"}]\n')
+    with pytest.raises(
+        UserError,
+        match=r"arr\.json:1: missing text field \('text': the line is an array, not an object\)",
+    ):
+        preprocess(_cfg([tmp_path / "arr.json"], tmp_path / "o", hf_tokenizer, num_workers=1))
