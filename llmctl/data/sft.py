@@ -38,7 +38,6 @@ manifest last; a bad line leaves nothing under the final names.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import shutil
@@ -47,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -172,22 +171,39 @@ def parse_example(line: str, where: str) -> tuple[str, list[dict[str, str]]]:
     raise _bad(where, "expected 'messages' (chat) or 'prompt' and 'completion'")
 
 
-def _open_bytes(path: Path) -> IO[bytes]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The file's lines; `.gz`/`.zst` decompressed as `data preprocess` reads them."""
+    from llmctl.data.readers import compressed_lines
+
+    if path.suffix.lower() in (".gz", ".zst"):
+        yield from compressed_lines(path)
+        return
+    with open(path, "rb") as f:
+        yield from f
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every non-blank line; each line decoded on its own."""
-    with _open_bytes(path) as f:
-        for n, raw in enumerate(f, 1):
+    """(line number, text) of every non-blank line; each line decoded on its own.
+
+    Raises:
+        UserError: a line that is not UTF-8, or a compressed file cut short (the lines before
+            the cut were read; the partial one is not parsed).
+    """
+    from llmctl.data.readers import TruncatedError
+
+    n = 0
+    try:
+        for n, raw in enumerate(_raw_lines(path), 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise UserError(f"{path}:{n}: not UTF-8 text") from None
             if line.strip():
                 yield n, line
+    except TruncatedError as e:
+        raise UserError(
+            f"{path}:{n + 1}: truncated archive ({e}; lines up to {n} were read)"
+        ) from None
 
 
 def iter_examples(paths: list[Path]) -> Iterator[tuple[str, str, list[dict[str, str]]]]:
@@ -415,12 +431,16 @@ class Packer:
 # ---------------------------------------------------------------- driver
 
 
+SFT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+"""Files an input folder is searched for."""
+
+
 def _input_paths(inputs: list[str]) -> list[Path]:
     paths = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            paths.extend(sorted(x for x in p.iterdir() if x.name.endswith((".jsonl", ".jsonl.gz"))))
+            paths.extend(sorted(x for x in p.iterdir() if x.name.endswith(SFT_SUFFIXES)))
         elif p.is_file():
             paths.append(p)
         else:

@@ -445,3 +445,39 @@ def test_every_example_dropped_says_why_not_no_examples(tok_dir, tmp_path):
         )  # fmt: skip
     assert "no examples" not in str(err.value)
     assert not list(tmp_path.glob("o*"))
+
+
+def test_zst_input_reads_like_the_plain_file(tok_dir, tmp_path):
+    """`.jsonl.zst` (as `data preprocess` reads it), given directly or found in a folder, gives
+    the same packs as the plain `.jsonl` (it was 'not UTF-8 text', and skipped in folders)."""
+    import zstandard
+
+    src = write_jsonl(tmp_path / "plain" / "a.jsonl", translate_examples(20))
+    packed = tmp_path / "zst"
+    packed.mkdir()
+    zst = packed / "a.jsonl.zst"
+    zst.write_bytes(zstandard.ZstdCompressor().compress(src.read_bytes()))
+    common = {"tokenizer": str(tok_dir), "seq_length": 48, "dry_run": True}
+    plain = build_sft(SftConfig(inputs=[str(src)], output_prefix=str(tmp_path / "o"), **common))
+    for given in (zst, packed):
+        got = build_sft(SftConfig(inputs=[str(given)], output_prefix=str(tmp_path / "o"), **common))
+        assert got.num_examples == plain.num_examples == 20
+        assert got.num_trained_tokens == plain.num_trained_tokens
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst"])
+def test_truncated_archive_is_one_line_not_fewer_examples(suffix, tok_dir, tmp_path):
+    """A cut-off .gz/.zst is refused naming the file (a cut .zst was read as a shorter file)."""
+    import gzip
+
+    import zstandard
+
+    body = write_jsonl(tmp_path / "a.jsonl", translate_examples(400)).read_bytes()
+    packed = gzip.compress(body) if suffix == ".gz" else zstandard.ZstdCompressor().compress(body)
+    cut = tmp_path / f"cut.jsonl{suffix}"
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(UserError, match=r"cut\.jsonl\.(gz|zst):\d+: truncated archive"):
+        build_sft(
+            SftConfig(inputs=[str(cut)], output_prefix=str(tmp_path / "o"), tokenizer=str(tok_dir),
+                      seq_length=48, dry_run=True)
+        )  # fmt: skip
