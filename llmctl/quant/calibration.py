@@ -14,10 +14,9 @@ an index error deep inside a forward pass (or, worse, silently score a different
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 
@@ -82,19 +81,26 @@ def _read_documents(path: Path) -> list[str]:
     decompressed like `llmctl data preprocess` inputs and decoded strictly as UTF-8.
 
     Raises:
-        UserError: Invalid UTF-8, or a JSONL line that is not an object with a string "text",
-            naming the file and line.
+        UserError: Invalid UTF-8, a JSONL line that is not an object with a string "text", or
+            a compressed file cut short, naming the file (and line).
     """
-    from llmctl.data.readers import open_binary
+    from llmctl.data.readers import TruncatedError, compressed_lines, decompressed_blocks
 
-    with open_binary(path) as f:
+    compressed = path.suffix.lower() in COMPRESSED_SUFFIXES
+    try:
         if _kind_suffix(path) not in JSONL_SUFFIXES:
-            return [_decode(f.read(), str(path))]
-        return [text for text in _jsonl_texts(f, path) if text is not None]
+            raw = b"".join(decompressed_blocks(path)) if compressed else path.read_bytes()
+            return [_decode(raw, str(path))]
+        if not compressed:
+            with path.open("rb") as f:
+                return list(_jsonl_texts(f, path))
+        return list(_jsonl_texts(compressed_lines(path), path))
+    except TruncatedError as e:
+        raise UserError(f"{path}: truncated archive ({e})") from None
 
 
-def _jsonl_texts(f: IO[bytes], path: Path) -> Iterator[str | None]:
-    for lineno, raw in enumerate(f, 1):
+def _jsonl_texts(lines: Iterable[bytes], path: Path) -> Iterator[str]:
+    for lineno, raw in enumerate(lines, 1):
         line = _decode(raw, f"{path}:{lineno}")
         if not line.strip():
             continue

@@ -116,3 +116,23 @@ def test_prefix_given_with_its_suffix_or_a_folder(tmp_path: Path) -> None:
         assert load_tokens(prefix + suffix, None).tolist() == list(range(100))
     with pytest.raises(UserError, match=r"is a folder; pass an indexed dataset prefix"):
         load_tokens(tmp_path, None)
+
+
+def test_cut_off_archive_is_refused(bpe_dir: Path, tmp_path: Path) -> None:
+    """A .zst/.gz cut short is one line, never silently a shorter calibration set."""
+    import gzip
+    import json
+
+    import zstandard
+
+    from llmctl.quant.calibration import load_tokens
+
+    body = "".join(json.dumps({"text": f"red fox {i}"}) + "\n" for i in range(3000)).encode()
+    for name, packed in [
+        ("a.jsonl.zst", zstandard.ZstdCompressor().compress(body)),
+        ("a.jsonl.gz", gzip.compress(body)),
+        ("a.txt.zst", zstandard.ZstdCompressor().compress(body)),
+    ]:
+        (tmp_path / name).write_bytes(packed[: len(packed) // 2])
+        with pytest.raises(UserError, match=rf"{name}: truncated archive"):
+            load_tokens(tmp_path / name, bpe_dir)
