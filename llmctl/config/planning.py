@@ -149,6 +149,24 @@ def run_spec(cfg: RootConfig) -> RunSpec:
     )
 
 
+def _sequence_parallel(cfg: RootConfig) -> bool | None:
+    """The fixed sequence-parallel choice: on a CPU cluster off, as `llmctl train` runs tensor
+    parallelism there (an explicit true with TP > 1 is refused as train refuses it).
+
+    Raises:
+        UserError: `parallel.sequence_parallel=true` with TP unset or > 1 on a CPU cluster.
+    """
+    p = cfg.parallel
+    if str(cfg.cluster.device) != "cpu" or (p.sequence_parallel and p.tp == 1):
+        return p.sequence_parallel
+    if p.sequence_parallel:
+        raise UserError(
+            "parallel.sequence_parallel=true needs GPUs: llmctl's CPU layer runs tensor "
+            "parallelism without it; remove the override (TP still works on CPU)"
+        )
+    return False
+
+
 def plan_input(cfg: RootConfig) -> PlanInput:
     """Everything the planner needs, frozen."""
     p, s = cfg.parallel, cfg.plan
@@ -161,7 +179,7 @@ def plan_input(cfg: RootConfig) -> PlanInput:
         etp=p.etp,
         dp=p.dp,
         micro_batch_size=p.micro_batch_size,
-        sequence_parallel=p.sequence_parallel,
+        sequence_parallel=_sequence_parallel(cfg),
         recompute=Recompute(str(p.recompute)) if p.recompute is not None else None,
         sharding=Sharding(str(p.optimizer_sharding)) if p.optimizer_sharding is not None else None,
         allow_tp_outside_nvlink=p.allow_tp_outside_nvlink,

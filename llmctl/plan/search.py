@@ -459,9 +459,9 @@ def _batch_or_nodes(inp: PlanInput) -> list[str]:
                 f"global batch size {size} (--gbs {size}): {best.layout.short()} fits "
                 f"({best.memory.total_gib:.1f} GiB)"
             )
-    for nodes in (cl.num_nodes - 1, cl.num_nodes + 1):
+    for nodes in (n for n in (cl.num_nodes - 1, cl.num_nodes + 1) if n >= 1):
         other = replace(cl, num_nodes=nodes)
-        best = _try(replace(inp, cluster=other, constraints=free)) if nodes >= 1 else None
+        best = _try(replace(inp, cluster=other, constraints=free))
         if best:
             out.append(
                 f"{nodes} nodes ({other.world_size} GPUs, --nodes {nodes}): "

@@ -293,3 +293,26 @@ def test_published_layout_is_compared_only_within_its_search(extra: list[str]) -
     assert "Published layout" not in text
     full = json.loads(runner.invoke(app, ["plan", R70, "--json"]).output)
     assert full["published_rank"] == 8
+
+
+def test_cpu_tensor_parallel_is_planned_without_sequence_parallelism_as_train_runs_it() -> None:
+    """`llmctl train` runs TP on CPU without sequence parallelism (and refuses it asked for);
+    the plan predicted TP2 with SP, a layout that never runs there."""
+    res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "--tp", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert {r["layout"]["sequence_parallel"] for r in json.loads(res.output)["ranked"]} == {False}
+    wide = {"COLUMNS": "300"}
+    asked = ["recipe=tiny_cpu", "--tp", "2", "parallel.sequence_parallel=true"]
+    plan_res = runner.invoke(app, ["plan", *asked], env=wide)
+    train_res = runner.invoke(app, ["train", *asked, "--dry-run"], env=wide)
+    line = "parallel.sequence_parallel=true needs GPUs"
+    assert plan_res.exit_code == train_res.exit_code == 2, plan_res.output + train_res.output
+    assert line in plan_res.output and line in train_res.output
+
+
+def test_nothing_fits_on_one_node_tries_no_zero_node_cluster() -> None:
+    """One node where nothing fits: the nearby node counts tried must start at 1 (0 nodes
+    was a ValueError from ClusterSpec, seen by `train` as a bare 'num_nodes ... >= 1')."""
+    res = runner.invoke(app, ["plan", "recipe=tiny_cpu", "cluster.hbm_gib=0.01"])
+    assert res.exit_code == 0, res.output
+    assert "Nothing fits. What would:" in res.output and "nothing tried fits" in res.output
