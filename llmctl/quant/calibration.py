@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from llmctl.data.indexed import bin_path, idx_path, read_header
+from llmctl.data.readers import COMPRESSED_SUFFIXES, JSONL_SUFFIXES
 from llmctl.errors import UserError
 
 
@@ -51,9 +52,7 @@ def open_tokens(prefix: str | Path) -> np.ndarray:
     return np.memmap(bin_path(prefix), dtype=dtype, mode="r")
 
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (*JSONL_SUFFIXES, ".txt", ".text", ".md")
-COMPRESSED_SUFFIXES = (".gz", ".zst")
 
 
 def _kind_suffix(path: str | Path) -> str:
