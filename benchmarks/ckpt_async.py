@@ -117,7 +117,7 @@ def _bench_checkpointer(cfg: Any, run_dir: Path, out: dict[str, Any]) -> Any:
 
 
 def _state_bytes(run_dir: Path) -> int:
-    from llmctl.train import ckpt_store as store
+    from llmctl.run import ckpt_store as store
 
     newest = store.list_checkpoints(run_dir / "checkpoints", full=False)[0]
     return newest.size_bytes
@@ -186,7 +186,7 @@ def main() -> None:
         out["resume_validate_full_ms"] = 1e3 * (resume.validate_s or 0.0)
         out["resume_load_ms"] = 1e3 * (resume.load_s or 0.0)
         out["resume_start_to_first_step_ms"] = 1e3 * (first_step[0] - t0)
-        from llmctl.train import ckpt_store as store
+        from llmctl.run import ckpt_store as store
 
         newest = store.list_checkpoints(run_dir / "checkpoints")[0].path
         t0 = time.perf_counter()

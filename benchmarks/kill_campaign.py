@@ -193,7 +193,7 @@ def _wait(cond, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
 
 def _check_after_kill(root: Path, report: Report) -> set[int]:
     """Full validation of what the kill left; returns the steps of the valid checkpoints."""
-    from llmctl.train import ckpt_store as store
+    from llmctl.run import ckpt_store as store
 
     found = store.list_checkpoints(root, full=True)
     bad = [v for v in found if not v.ok]
@@ -253,7 +253,7 @@ def one_round(
 
 def store_latest(root: Path) -> int | None:
     """The `latest` pointer (progress signal only; never used for selection)."""
-    from llmctl.train import ckpt_store as store
+    from llmctl.run import ckpt_store as store
 
     return store.read_latest(root)
 

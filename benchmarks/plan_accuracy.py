@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.config import compose
-from llmctl.config.planning import cluster_spec, plan_config
 from llmctl.plan import ClusterSpec, evaluate
 from llmctl.plan.reference import layer_row_s, measured_step_s, row_input, row_layout
+from llmctl.run.planning import cluster_spec, plan_config
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan" / "published_runs.json"
 RECIPES = [

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.config import compose
-from llmctl.config.planning import cluster_spec
 from llmctl.plan import ClusterSpec, evaluate
 from llmctl.plan.reference import layer_row_s, measured_step_s, row_input, row_layout
+from llmctl.run.planning import cluster_spec
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan" / "published_runs.json"
 #: Korthikanti et al. 2022: Table 4 (per-layer times of the 22B model) joins the A100 fit.

@@ -18,8 +18,8 @@ import time
 from dataclasses import replace
 
 from llmctl.config import compose
-from llmctl.config.planning import plan_input
 from llmctl.plan import PlanInput, flops, memory, params, perf, plan, search
+from llmctl.run.planning import plan_input
 
 RECIPE = "llama31_405b_pretrain_1024gpu_h100_fp8"
 COMPETITOR = """

@@ -44,9 +44,9 @@ def train_and_export(work: Path, iters: int) -> tuple[Path, str]:
     from llmctl.config import compose
     from llmctl.data.demo import prepare_demo_data
     from llmctl.quant.export import export_run
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train.checkpoint import make_checkpointer
     from llmctl.train.run import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     prefix = prepare_demo_data(work / "data")
     run_dir = work / "run"

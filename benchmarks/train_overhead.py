@@ -225,8 +225,8 @@ def worker_runner_cost(steps: int, cache: str) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
+    from llmctl.run.layout import resolve_layout
     from llmctl.train import cpu_compat, parallel
-    from llmctl.train.layout import resolve_layout
     from llmctl.train.loop import _reduce_loss
     from llmctl.train.run import _Observer
 

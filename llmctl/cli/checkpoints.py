@@ -27,7 +27,7 @@ def checkpoints(run_dir: RunDirArg, as_json: JsonOpt = False, quick: QuickOpt = 
 
     Example: llmctl checkpoints runs/tiny_cpu-20261130T041500Z --json
     """
-    from llmctl.train.ckpt_store import describe_checkpoints
+    from llmctl.run.ckpt_store import describe_checkpoints
 
     with console_progress() as progress:  # on stderr: --json stdout stays clean
         rows = describe_checkpoints(run_dir, full=not quick, progress=progress)

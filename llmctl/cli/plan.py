@@ -75,7 +75,7 @@ def plan(
 
     Example: llmctl plan recipe=llama3_70b_pretrain_64gpu_h100_fp8 --tp 4 --pp 8 --explain
     """
-    from llmctl.config.planning import plan_config
+    from llmctl.run.planning import plan_config
 
     if plot:  # before any work: a plot that cannot be written is one line
         from llmctl.plotting import check_plot_path

@@ -10,7 +10,6 @@ from llmctl.config.compose import (
     load_resolved,
     resolve_recipe,
 )
-from llmctl.config.resources import list_options, list_recipes, resource_dir
 from llmctl.config.schema import (
     DEFAULT_CHOICES,
     GROUPS,
@@ -35,6 +34,7 @@ from llmctl.config.schema import (
     RootConfig,
     TrainConfig,
 )
+from llmctl.resources import list_options, list_recipes, resource_dir
 
 __all__ = [
     "DEFAULT_CHOICES",

@@ -17,10 +17,10 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llmctl.config.resources import list_options, list_recipes, resource_dir
 from llmctl.config.schema import DEFAULT_CHOICES, GROUPS, RootConfig
 from llmctl.config.validate import validate
 from llmctl.errors import UserError
+from llmctl.resources import list_options, list_recipes, resource_dir
 
 SHORT_FLAGS: dict[str, str] = {
     "tp": "parallel.tp",

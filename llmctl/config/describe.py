@@ -7,8 +7,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from llmctl.config.resources import list_recipes, resource_dir
 from llmctl.config.schema import RootConfig
+from llmctl.resources import list_recipes, resource_dir
 
 
 def describe(cfg: RootConfig) -> list[tuple[str, Any, str]]:

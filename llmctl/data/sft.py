@@ -32,7 +32,7 @@ length `seq_length + 1`) and a manifest::
 Training turns a pack into tokens `x[:-1]`, labels `x[1:]`, loss mask
 `mask[1:] & (doc[1:] == doc[:-1])`, position ids restarting at 0 in every example, and an
 attention mask that lets a token see only earlier tokens of its own example (see
-`llmctl.train.data`). Outputs are written under temporary names and renamed into place,
+`llmctl.run.data`). Outputs are written under temporary names and renamed into place,
 manifest last; a bad line leaves nothing under the final names.
 """
 

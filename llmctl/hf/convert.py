@@ -21,7 +21,7 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 def one_rank_layout() -> Any:
     """TP=PP=DP=1 on one rank."""
-    from llmctl.train.layout import TrainLayout
+    from llmctl.run.layout import TrainLayout
 
     return TrainLayout(
         tp=1, pp=1, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
@@ -54,8 +54,8 @@ def empty_model(cfg: Any, layout: Any, dtype: str) -> Any:
     """GPTModel at TP=1 with uninitialised weights in `dtype` (they are all overwritten)."""
     import torch
 
+    from llmctl.run.precision import recipe_for
     from llmctl.train import model as model_mod
-    from llmctl.train.precision import recipe_for
 
     tc = model_mod.transformer_config(
         cfg.model, layout, cfg.precision, recipe_for(cfg.precision), on_gpu=False
@@ -177,11 +177,12 @@ def save_checkpoint(model: Any, cfg: Any, layout: Any, ckpt_root: Path, source: 
     from megatron.core import dist_checkpointing
 
     from llmctl.config import cfg_to_yaml
-    from llmctl.train import checkpoint as ck  # its public API (names re-exported there)
-    from llmctl.train import ckpt_store as store
+    from llmctl.run import ckpt_store as store
 
     # getattr: checkpoint.py may re-export these from its ckpt_* submodules (no __all__)
-    arch_fields = getattr(ck, "_ARCH_FIELDS")  # noqa: B009
+    from llmctl.run.ckpt_compat import ARCH_FIELDS as arch_fields
+    from llmctl.train import checkpoint as ck  # its public API (names re-exported there)
+
     capture_rng, versions = getattr(ck, "capture_rng"), getattr(ck, "versions")  # noqa: B009
 
     tmp = ckpt_root / f"{store.TMP_PREFIX}{store.iter_name(0)}"

@@ -332,3 +332,29 @@ def write_recipe(plan: ImportPlan, staging: Path, out: Path) -> Path:
     path = staging / "recipe.yaml"
     path.write_text(text)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m llmctl.hf.importer SRC OUT [--tp N]`: import SRC into OUT (kept when it is
+    already there) and print OUT; rank 0 runs it for `checkpoint.init_from=hf:SRC`."""
+    import argparse
+    import sys
+
+    from llmctl.errors import UserError
+
+    parser = argparse.ArgumentParser(prog="python -m llmctl.hf.importer")
+    parser.add_argument("src", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tp", type=int, default=1)
+    args = parser.parse_args(argv)
+    try:
+        out = import_hf(plan_import(args.src, tp=args.tp), args.out).out
+    except UserError as exc:
+        print(f"llmctl: {exc.message}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -96,11 +96,11 @@ def prepare_train(
             directory whose checkpoints are all invalid or do not match the config.
     """
     from llmctl.config import compose
-    from llmctl.launch.lock import check_run_lock
     from llmctl.launch.reentry import inspect_run_dir
     from llmctl.launch.slurm import requeue_checkpoint_default
-    from llmctl.train.layout import resolve_layout
-    from llmctl.train.rundir import absolute_paths, default_run_dir
+    from llmctl.run.layout import resolve_layout
+    from llmctl.run.lock import check_run_lock
+    from llmctl.run.rundir import absolute_paths, default_run_dir
 
     cfg = compose(recipe, overrides, cluster_file=cluster_file)
     cfg.train.force = bool(force or cfg.train.force)
@@ -129,8 +129,8 @@ def _early_checks(cfg: Any) -> None:
 
     The demo corpus (empty data.prefixes) is only built at launch: a dry run writes nothing.
     """
-    from llmctl.train.data import check_sft_wanted, resolve_data
-    from llmctl.train.precision import check_precision
+    from llmctl.run.data import check_sft_wanted, resolve_data
+    from llmctl.run.precision import check_precision
 
     check_launcher_values(cfg)
     on_gpu = str(cfg.cluster.device) == "cuda"
@@ -177,8 +177,8 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
             the predicted peak and the usable memory), the layout is impossible, or it asks for
             a sharding the runner does not implement.
     """
-    from llmctl.config.planning import plan_config
-    from llmctl.train.layout import cpu_ranks_follow_layout, runner_shardings
+    from llmctl.run.layout import cpu_ranks_follow_layout, runner_shardings
+    from llmctl.run.planning import plan_config
 
     cpu_ranks_follow_layout(cfg)
     results = [plan_config(_with_sharding(cfg, s)) for s in runner_shardings(cfg)]
@@ -250,7 +250,7 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
     Returns:
         {"kind", "run_dir", and "exit_code" (local/torchrun) or "job_id" (slurm)}.
     """
-    from llmctl.train.preflight import preflight
+    from llmctl.run.preflight import preflight
 
     check_launcher(launch)
     preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"))
@@ -265,7 +265,7 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
 def _lock_run_dir(launch: TrainLaunch) -> Any:
     """Hold the run directory for the local launcher; only check it for jobs that lock it
     themselves (SLURM, ssh: rank 0 takes the lock). Raises UserError if another trainer has it."""
-    from llmctl.launch.lock import acquire_run_lock, check_run_lock
+    from llmctl.run.lock import acquire_run_lock, check_run_lock
 
     if launch.kind == "local":
         return acquire_run_lock(launch.run_dir)
@@ -275,7 +275,7 @@ def _lock_run_dir(launch: TrainLaunch) -> Any:
 
 def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict[str, Any]:
     from llmctl.launch.reentry import accept_run_dir
-    from llmctl.train.rundir import create_run_dir
+    from llmctl.run.rundir import create_run_dir
 
     accept_run_dir(launch.resume_point)  # the launch is accepted: invalid checkpoints aside
     create_run_dir(launch.cfg, launch.plan)

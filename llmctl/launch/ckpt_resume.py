@@ -46,7 +46,7 @@ def prepare_resume(
     """
     from llmctl.config import load_resolved
     from llmctl.launch.api import prepare_train
-    from llmctl.train.rundir import CONFIG_FILE, require_run_dir
+    from llmctl.run.rundir import CONFIG_FILE, require_run_dir
 
     run_dir = require_run_dir(run_dir)
     fixed = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in FIXED_ON_RESUME]
@@ -92,7 +92,7 @@ def _saved_recipe(run_dir: Path, *, drop: set[str]) -> Iterator[str]:
 
     import yaml
 
-    from llmctl.train.rundir import CONFIG_FILE
+    from llmctl.run.rundir import CONFIG_FILE
 
     if not drop:
         yield str(run_dir / CONFIG_FILE)
@@ -112,7 +112,7 @@ def _pinned_sharding(run_dir: Path, saved: Any, overrides: list[str]) -> list[st
     A saved config that left `parallel.optimizer_sharding` to the planner would otherwise be
     re-planned (e.g. with another `--dp`) and pick a sharding the checkpoint cannot load.
     """
-    from llmctl.train.rundir import read_plan
+    from llmctl.run.rundir import read_plan
 
     key = "parallel.optimizer_sharding"
     if saved.parallel.optimizer_sharding is not None or any(

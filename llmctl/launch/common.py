@@ -64,7 +64,7 @@ def layout_of(cfg: Any, layout: Any | None) -> Any:
     """The given layout, or the one the configuration alone implies (DP defaults to 1)."""
     if layout is not None:
         return layout
-    from llmctl.train.layout import resolve_layout
+    from llmctl.run.layout import resolve_layout
 
     return resolve_layout(cfg)
 

@@ -150,7 +150,7 @@ def _process_start(pid: int) -> float | None:
 
 def trainer_alive(run_dir: Path) -> bool:
     """Whether training processes still hold the run directory (ranks outliving a launcher)."""
-    from llmctl.launch.lock import check_run_lock
+    from llmctl.run.lock import check_run_lock
 
     try:
         check_run_lock(run_dir)
@@ -178,7 +178,7 @@ def run_status(target: str) -> RunStatus:
 
 def _launched(run_dir: Path) -> dict[str, Any]:
     """launch.json of a run directory; one wording for each way it can be missing."""
-    from llmctl.train.rundir import require_run_dir
+    from llmctl.run.rundir import require_run_dir
 
     require_run_dir(run_dir)
     try:

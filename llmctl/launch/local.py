@@ -23,8 +23,8 @@ from llmctl.launch.common import (
     tee,
     torchrun_prefix,
 )
-from llmctl.launch.lock import HELD_ENV
 from llmctl.launch.procs import TOKEN_ENV, end_processes, new_token
+from llmctl.run.lock import HELD_ENV
 
 
 def render_local(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> list[str]:
@@ -120,7 +120,7 @@ def execute_local(
 
 def _spawn(argv: list[str], env: dict[str, str], lock_fd: int | None) -> subprocess.Popen[bytes]:
     """The one place this backend starts a process (torchrun)."""
-    from llmctl.train.ckpt_signals import parent_death_signal
+    from llmctl.run.signals import parent_death_signal
 
     if lock_fd is not None:
         os.set_inheritable(lock_fd, True)

@@ -80,7 +80,7 @@ def run_node(argv: list[str], *, watch_stdin: bool = False) -> int:
 def _spawn(argv: list[str], env: dict[str, str], *, with_wrapper: bool) -> subprocess.Popen[bytes]:
     """The one place this module starts a process (ARGV); `with_wrapper`: it gets SIGTERM
     when this process dies (not srun: SIGTERM makes srun cancel the step at once)."""
-    from llmctl.train.ckpt_signals import parent_death_signal
+    from llmctl.run.signals import parent_death_signal
 
     return subprocess.Popen(
         argv,

@@ -47,8 +47,8 @@ def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> Res
             checkpoints; the newest valid checkpoint does not match this config or is past
             `train.train_iters` (nothing left to train).
     """
-    from llmctl.train import ckpt_store as store
-    from llmctl.train.rundir import CHECKPOINTS_DIR, CONFIG_FILE
+    from llmctl.run import ckpt_store as store
+    from llmctl.run.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 
     run_dir = Path(cfg.train.run_dir)
     _check_run_dir_place(run_dir)
@@ -124,8 +124,8 @@ def check_checkpoint_matches(ckpt_dir: Path, cfg: Any, layout: Any) -> None:
     Raises:
         UserError: One line naming the field, the saved value and this run's value.
     """
-    from llmctl.train import ckpt_store as store
-    from llmctl.train.checkpoint import check_compatible
+    from llmctl.run import ckpt_store as store
+    from llmctl.run.ckpt_compat import check_compatible
 
     saved = json.loads((ckpt_dir / store.TRAIN_STATE).read_text())
     if saved.get("weights_only"):  # written by `llmctl import hf`: no optimizer state to resume
@@ -136,7 +136,7 @@ def check_checkpoint_matches(ckpt_dir: Path, cfg: Any, layout: Any) -> None:
 
 def accept_run_dir(point: ResumePoint | None) -> list[Path]:
     """Move the invalid checkpoints of an accepted launch aside. Returns their new paths."""
-    from llmctl.train import ckpt_store as store
+    from llmctl.run import ckpt_store as store
 
     if point is None:
         return []

@@ -234,7 +234,7 @@ def _spawn(
     started from the main thread: the signal follows the thread that started the child).
     """
     if with_launcher:
-        from llmctl.train.ckpt_signals import parent_death_signal
+        from llmctl.run.signals import parent_death_signal
 
         kwargs["preexec_fn"] = parent_death_signal(signal.SIGTERM)
     return subprocess.Popen(list(argv), **kwargs)

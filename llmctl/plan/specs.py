@@ -2,7 +2,7 @@
 
 Why separate from `llmctl.config`: the config schema is mutable (Hydra needs that) and carries
 many fields the planner does not use; the planner works on small frozen values built once by
-`llmctl.config.planning`, so every function here is pure and cheap to call many times.
+`llmctl.run.planning`, so every function here is pure and cheap to call many times.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.progress import NO_PROGRESS, Progress, third_party_output_to
+from llmctl.run.ckpt_safe import weights_only_loads
 from llmctl.staging import check_out
-from llmctl.train.ckpt_safe import weights_only_loads
 
 if TYPE_CHECKING:
     from llmctl.config.schema import ModelConfig, RootConfig
@@ -78,7 +78,7 @@ def _run_data(cfg: RootConfig) -> tuple[str | None, str | None]:
     tokenizer = cfg.data.tokenizer
     if prefix is None or tokenizer is None:
         try:
-            from llmctl.train.data import resolve_data
+            from llmctl.run.data import resolve_data
 
             spec = resolve_data(cfg)
             prefix, tokenizer = prefix or spec.prefixes[0], tokenizer or spec.tokenizer_path
@@ -88,7 +88,7 @@ def _run_data(cfg: RootConfig) -> tuple[str | None, str | None]:
 
 
 def _pick_step(ckpt_root: Path, step: int | None) -> int:
-    from llmctl.train import ckpt_store as store
+    from llmctl.run import ckpt_store as store
 
     steps = store.committed_steps(ckpt_root)
     if not steps:
@@ -106,7 +106,7 @@ def _pick_step(ckpt_root: Path, step: int | None) -> int:
 def _newest_complete_other_than(ckpt_root: Path, bad_step: int) -> int | None:
     """The newest step, other than `bad_step`, whose checkpoint passes the full check (CRC32s:
     a size-only check would pass a checkpoint corrupted in place)."""
-    from llmctl.train import ckpt_store as store
+    from llmctl.run import ckpt_store as store
 
     for step in reversed(store.committed_steps(ckpt_root)):
         if step != bad_step and store.validate(ckpt_root / store.iter_name(step), full=True).ok:
@@ -128,8 +128,8 @@ def find_run_checkpoint(
         UserError: Not a run directory, no checkpoint, or the checkpoint is incomplete/corrupt.
     """
     from llmctl.config import load_resolved
-    from llmctl.train import ckpt_store as store
-    from llmctl.train.rundir import require_run_dir
+    from llmctl.run import ckpt_store as store
+    from llmctl.run.rundir import require_run_dir
 
     require_run_dir(run_dir)  # the one "not a run directory" wording
     cfg = load_resolved(run_dir / "config.yaml")
@@ -524,7 +524,7 @@ def write_safetensors(
 def _eos_token(tokenizer_json: Path) -> tuple[str | None, int | None]:
     from tokenizers import Tokenizer
 
-    from llmctl.train.data import EOD_CANDIDATES
+    from llmctl.run.data import EOD_CANDIDATES
 
     config = tokenizer_json.with_name("tokenizer_config.json")
     names: list[str] = []

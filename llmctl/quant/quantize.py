@@ -189,7 +189,7 @@ def _plan_run(request: QuantRequest) -> dict[str, Any]:
         )
     if ckpt.tokenizer is None:
         raise UserError(f"run {request.source}: tokenizer not found; pass --tokenizer PATH")
-    from llmctl.train.data import tokenizer_info
+    from llmctl.run.data import tokenizer_info
 
     return {
         "source_kind": "run_dir",
@@ -649,8 +649,8 @@ def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
     """
     import dataclasses
 
-    from llmctl.config.resources import list_options, resource_dir
     from llmctl.config.schema import QuantConfig
+    from llmctl.resources import list_options, resource_dir
 
     path = Path(name) if name.endswith((".yaml", ".yml")) else None
     if path is not None and not path.is_file():

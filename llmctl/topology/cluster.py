@@ -165,7 +165,7 @@ def fitted_knobs(known: KnownGpu | None) -> tuple[dict[str, float], dict[str, An
     `known` (see FITTED_CLUSTER_FILES); empty dicts for other GPUs."""
     import yaml
 
-    from llmctl.config.resources import resource_dir
+    from llmctl.resources import resource_dir
 
     name = FITTED_CLUSTER_FILES.get(known.key) if known else None
     if name is None:

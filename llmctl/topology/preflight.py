@@ -151,12 +151,19 @@ def hosts_refusal(cluster: Mapping[str, Any] | Any, answers: Mapping[str, str]) 
 
 def check_run_dir(run_dir: str) -> str | None:
     """Probe this node and compare it with RUN_DIR/config.yaml's cluster (None = matches)."""
-    from llmctl.config.compose import load_resolved
+    import yaml
+
+    from llmctl.errors import UserError
     from llmctl.topology.probe import probe
 
-    cfg = load_resolved(f"{run_dir}/config.yaml")
+    path = f"{run_dir}/config.yaml"  # written and validated by the launch (llmctl.run.rundir)
+    try:
+        with open(path, encoding="utf-8") as f:
+            cluster = (yaml.safe_load(f) or {})["cluster"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: cannot read the cluster section ({exc})") from None
     node = probe()
-    return refusal(expected_from_cluster(cfg.cluster), {node.hostname or "this node": node})
+    return refusal(expected_from_cluster(cluster), {node.hostname or "this node": node})
 
 
 def main(argv: list[str] | None = None) -> int:

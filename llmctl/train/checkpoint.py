@@ -38,15 +38,21 @@ from typing import Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
-from llmctl.train import ckpt_store as store
-from llmctl.train.ckpt_load import (
-    _ARCH_FIELDS,
+from llmctl.run import ckpt_store as store
+from llmctl.run.ckpt_compat import (
+    ARCH_FIELDS,
     check_compatible,
     check_optimizer_checkpointable,
-    load_checkpoint,
-    newest_valid_step,
     uses_torch_adam,
 )
+from llmctl.run.signals import (
+    PREEMPT_SIGNALS,
+    PreemptNotice,
+    preempt_exit_code,
+    start_resource_tracker,
+)
+from llmctl.run.signals import preempt_signals_deferred as _preempt_signals_deferred
+from llmctl.train.ckpt_load import load_checkpoint, newest_valid_step
 from llmctl.train.ckpt_rng import capture_rng, restore_rng
 from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
     _alias_views,
@@ -58,13 +64,6 @@ from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
     sharded_state_dict,
     versions,
 )
-from llmctl.train.ckpt_signals import (
-    PREEMPT_SIGNALS,
-    PreemptNotice,
-    preempt_exit_code,
-    start_resource_tracker,
-)
-from llmctl.train.ckpt_signals import preempt_signals_deferred as _preempt_signals_deferred
 
 log = logging.getLogger("llmctl.train.checkpoint")
 __all__ = [
@@ -253,7 +252,7 @@ class DistCheckpointer:
             "consumed_samples": state.consumed_samples,
             "world_size": self.world,
             "layout": state.layout.as_dict(),
-            "model": {k: _v(getattr(self.cfg.model, k, None)) for k in _ARCH_FIELDS},
+            "model": {k: _v(getattr(self.cfg.model, k, None)) for k in ARCH_FIELDS},
             "versions": versions(),
             "backend": "torch_dist",
             "created_unix": time.time(),

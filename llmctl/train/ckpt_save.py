@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmctl.train import ckpt_store as store
-from llmctl.train.ckpt_signals import block_preempt_signals, die_with_parent
+from llmctl.run import ckpt_store as store
+from llmctl.run.signals import block_preempt_signals, die_with_parent
 
 log = logging.getLogger("llmctl.train.checkpoint")
 

@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args[0])
     rank = int(os.environ.get("RANK", "0"))
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: end with it
-        from llmctl.train.ckpt_signals import die_with_parent
+        from llmctl.run.signals import die_with_parent
 
         die_with_parent(signal.SIGTERM, os.getppid())
     from llmctl.errors import UserError
-    from llmctl.launch.lock import hold_for_rank
+    from llmctl.run.lock import hold_for_rank
 
     try:
         locks = hold_for_rank(run_dir, rank)
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(run_dir: Path, rank: int) -> int:
     from llmctl.config import load_resolved
     from llmctl.errors import UserError
+    from llmctl.run.rundir import CONFIG_FILE, read_plan
     from llmctl.train import parallel
     from llmctl.train.run import train
-    from llmctl.train.rundir import CONFIG_FILE, read_plan
 
     try:
         cfg = load_resolved(run_dir / CONFIG_FILE)
@@ -122,7 +122,7 @@ def _exit_line(rank: int, code: int, message: str) -> int:
 
 
 if __name__ == "__mp_main__":  # megatron's checkpoint Manager: never outlive the rank
-    from llmctl.train.ckpt_signals import die_with_parent
+    from llmctl.run.signals import die_with_parent
 
     die_with_parent(signal.SIGKILL)
 

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmctl.train.layout import TrainLayout
+from llmctl.run.layout import TrainLayout
 
 log = logging.getLogger("llmctl.train")
 
@@ -145,11 +145,11 @@ class Trainer:
         import torch
         from megatron.core import parallel_state as ps
 
-        from llmctl.config.planning import loss_balanced_stage_layers
+        from llmctl.run.planning import loss_balanced_stage_layers
+        from llmctl.run.precision import check_precision, has_transformer_engine
         from llmctl.train import data as data_mod
         from llmctl.train import model as model_mod
         from llmctl.train import optim
-        from llmctl.train.precision import check_precision, has_transformer_engine
 
         self.cfg, self.layout, self.run_dir = cfg, layout, run_dir
         self.on_gpu = torch.cuda.is_available()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from llmctl.train.layout import TrainLayout
-from llmctl.train.precision import (
+from llmctl.run.layout import TrainLayout
+from llmctl.run.precision import (
     PrecisionRecipe,
     megatron_attention_backend,
     megatron_precision_kwargs,

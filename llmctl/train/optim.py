@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmctl.errors import UserError
-from llmctl.train.layout import TrainLayout
+from llmctl.run.layout import TrainLayout
 
 
 def wrap_ddp(

@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from llmctl.train.metrics import StepMetrics
+from llmctl.run.metrics import StepMetrics
 
 log = logging.getLogger("llmctl.train")
 

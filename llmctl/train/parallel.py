@@ -13,7 +13,7 @@ import os
 import random
 from dataclasses import dataclass
 
-from llmctl.train.layout import TrainLayout
+from llmctl.run.layout import TrainLayout
 
 
 @dataclass(frozen=True, slots=True)

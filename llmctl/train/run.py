@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.config.values import enum_value as _v
-from llmctl.train.layout import TrainLayout, resolve_layout
-from llmctl.train.loop import Checkpointer, Trainer, TrainResult
-from llmctl.train.metrics import (
+from llmctl.run.layout import TrainLayout, resolve_layout
+from llmctl.run.metrics import (
     MetricsLog,
     PerfReport,
     StepMetrics,
@@ -33,6 +32,7 @@ from llmctl.train.metrics import (
     steady_state_step_s,
     write_perf,
 )
+from llmctl.train.loop import Checkpointer, Trainer, TrainResult
 
 log = logging.getLogger("llmctl.train")
 
@@ -212,8 +212,8 @@ def train(
     """
     import torch.distributed as dist
 
+    from llmctl.run.precision import check_precision, has_transformer_engine
     from llmctl.train import parallel
-    from llmctl.train.precision import check_precision, has_transformer_engine
 
     rank, world = dist.get_rank(), dist.get_world_size()
     layout = resolve_layout(cfg, world, (plan or {}).get("layout"))
@@ -265,8 +265,10 @@ def _train_loop(
         checkpointer = make_checkpointer(cfg, run_dir, plan)
     ckpt = checkpointer
     ckpt.load(trainer.state)
-    if trainer.state.step == 0 and cfg.checkpoint.init_from:  # weights only (llmctl.hf.init)
-        from llmctl.hf.init import init_weights
+    if (
+        trainer.state.step == 0 and cfg.checkpoint.init_from
+    ):  # weights only (llmctl.train.init_from)
+        from llmctl.train.init_from import init_weights
 
         init_weights(trainer.state, cfg, run_dir)
     obs = _Observer(cfg, run_dir, layout, on_gpu, rank, trainer.state.step)
@@ -315,7 +317,7 @@ def _resolve_data_rank0_first(cfg: Any, rank: int) -> Any:
     import torch.distributed as dist
 
     from llmctl.errors import UserError
-    from llmctl.train.data import resolve_data
+    from llmctl.run.data import resolve_data
 
     spec = None
     error: list[str | None] = [None]

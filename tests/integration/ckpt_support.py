@@ -45,7 +45,7 @@ def base_overrides(corpus: Path, iters: int) -> list[str]:
 def write_run(run_dir: Path, overrides: list[str]) -> Path:
     """Compose the tiny recipe with `overrides` and write the run directory's config."""
     from llmctl.config import compose
-    from llmctl.train.rundir import create_run_dir
+    from llmctl.run.rundir import create_run_dir
 
     cfg = compose("tiny_cpu", [*overrides, f"train.run_dir={run_dir}"])
     return create_run_dir(cfg, None)

@@ -5,7 +5,7 @@ Usage: torchrun --nproc-per-node=N hf_layout_logits.py TP PP IDS.npy IMPORT_DIR 
 (one IMPORT_DIR OUT.npy pair per model; one launch covers several models)
 
 Every rank builds its GPTModel shard with llmctl's builder, loads the imported checkpoint with
-`llmctl.hf.init.load_model_weights` (what `checkpoint.init_from` uses), runs megatron's
+`llmctl.train.init_from.load_model_weights` (what `checkpoint.init_from` uses), runs megatron's
 forward-only pipeline schedule and, on the last stage, gathers the vocab-parallel logits over
 TP; the last stage's TP rank 0 saves them for the test to compare with transformers.
 """
@@ -38,9 +38,10 @@ def _logits(out_dir: Path, ids: Any, layout: Any) -> Any:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from llmctl.config import load_resolved
-    from llmctl.hf.init import checkpoint_dir, load_model_weights
+    from llmctl.run.init_from import checkpoint_dir
+    from llmctl.run.precision import recipe_for
     from llmctl.train import model as M
-    from llmctl.train.precision import recipe_for
+    from llmctl.train.init_from import load_model_weights
 
     cfg = load_resolved(out_dir / "config.yaml")
     cfg.model.seq_length = int(ids.shape[1])
@@ -69,8 +70,8 @@ def main(tp: int, pp: int, ids_path: Path, pairs: list[tuple[Path, Path]]) -> No
     import torch
     from megatron.core import parallel_state as ps
 
+    from llmctl.run.layout import TrainLayout
     from llmctl.train import parallel
-    from llmctl.train.layout import TrainLayout
 
     parallel.init_distributed()
     layout = TrainLayout(

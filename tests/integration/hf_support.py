@@ -102,7 +102,8 @@ def megatron_logits(out: Path, ids: Any) -> Any:
 
     from llmctl.config import load_resolved
     from llmctl.hf.convert import empty_model, one_rank_megatron
-    from llmctl.hf.init import checkpoint_dir, load_model_weights
+    from llmctl.run.init_from import checkpoint_dir
+    from llmctl.train.init_from import load_model_weights
 
     cfg = load_resolved(out / "config.yaml")
     with one_rank_megatron() as layout:

@@ -144,10 +144,10 @@ def megatron_logits(cfg: object, ckpt_dir: Path, tokens: np.ndarray) -> np.ndarr
     import torch
     from megatron.core import dist_checkpointing
 
+    from llmctl.run.layout import TrainLayout
+    from llmctl.run.precision import recipe_for
     from llmctl.train import cpu_compat, parallel
     from llmctl.train import model as M
-    from llmctl.train.layout import TrainLayout
-    from llmctl.train.precision import recipe_for
 
     parallel.init_distributed()
     layout = TrainLayout(

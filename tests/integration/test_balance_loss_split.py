@@ -24,11 +24,11 @@ OVERRIDES = ["parallel.pp=2", "parallel.micro_batch_size=2", "plan.balance_loss=
 def _worker(rank: int, port: int, out: str, extra: list[str]) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from llmctl.config.planning import loss_balanced_stage_layers
+    from llmctl.run.layout import resolve_layout
+    from llmctl.run.planning import loss_balanced_stage_layers
+    from llmctl.run.precision import RECIPES
     from llmctl.train import parallel
-    from llmctl.train.layout import resolve_layout
     from llmctl.train.model import build_model_chunks, transformer_config
-    from llmctl.train.precision import RECIPES
 
     cfg = compose("tiny_cpu", [*OVERRIDES, *extra])
     parallel.init_distributed()
@@ -62,9 +62,9 @@ def _spawn(tmp_path: Path, extra: list[str]) -> list[list[dict]]:
 
 
 def _moved(num_layers: int, vpp: int) -> int:
-    from llmctl.config.planning import plan_input
     from llmctl.plan.layout import Layout, StageSplit
     from llmctl.plan.perf import loss_layers_moved
+    from llmctl.run.planning import plan_input
 
     inp = plan_input(compose("tiny_cpu", [*OVERRIDES, f"model.num_layers={num_layers}"]))
     lay = Layout(pp=2, vpp=vpp, micro_batch_size=2, loss_balanced=True)

@@ -21,7 +21,7 @@ from ckpt_support import base_overrides, make_corpus, start_entry, write_run
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 NUM_KILLS = int(os.environ.get("LLMCTL_TEST_KILLS", "4"))
 ITERS = 400

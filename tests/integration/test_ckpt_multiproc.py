@@ -33,7 +33,7 @@ from ckpt_support import (  # noqa: E402
 )
 
 from llmctl.config import load_resolved  # noqa: E402
-from llmctl.train import ckpt_store as store  # noqa: E402
+from llmctl.run import ckpt_store as store  # noqa: E402
 
 ITERS = 8
 KILL_ITERS = 24  # steps left after the kill at 3: a fast host must still be training

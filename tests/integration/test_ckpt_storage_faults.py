@@ -37,7 +37,7 @@ from run_procs import (
     wait_until,
 )
 
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 SIZE_MIB = 40  # a checkpoint of the tiny model is ~8 MiB

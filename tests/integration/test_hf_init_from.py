@@ -22,7 +22,8 @@ STEPS = 12
 
 
 def _first_sample(cfg: object) -> dict[str, object]:
-    from llmctl.train.data import build_datasets, resolve_data
+    from llmctl.run.data import resolve_data
+    from llmctl.train.data import build_datasets
 
     train, _ = build_datasets(cfg, resolve_data(cfg), STEPS, 1)
     return train[0]  # global batch 1, DP 1: the loop's first micro-batch is sample 0

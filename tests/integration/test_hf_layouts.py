@@ -77,8 +77,9 @@ def _hf_batch_loss(src: Path, samples: list[dict[str, object]]) -> float:
 
 def test_init_from_at_pp2_vpp2_first_loss_is_transformers_loss(tmp_path: Path) -> None:
     from llmctl.config import compose
-    from llmctl.train.data import build_datasets, resolve_data
-    from llmctl.train.rundir import create_run_dir
+    from llmctl.run.data import resolve_data
+    from llmctl.run.rundir import create_run_dir
+    from llmctl.train.data import build_datasets
 
     src, prefix = imported_with_data(tmp_path)  # mistral, vocab 256: no padded logits in the loss
     run_dir = tmp_path / "run"

@@ -34,7 +34,7 @@ from run_procs import (
     wait_until,
 )
 
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiproc, pytest.mark.slow]
 RDZV_PORT = 29521  # not the default: other multi-node tests may run at the same time

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiproc, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

@@ -33,8 +33,8 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.config import compose
-from llmctl.config.planning import load_measured_run
-from llmctl.train.rundir import create_run_dir
+from llmctl.run.planning import load_measured_run
+from llmctl.run.rundir import create_run_dir
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 BASE = ["model.num_layers=4", "train.train_iters=48", "train.eval_interval=0"]

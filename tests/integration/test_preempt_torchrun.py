@@ -32,7 +32,7 @@ from run_procs import (  # noqa: E402
 )
 
 from llmctl.launch.jobs import run_status  # noqa: E402
-from llmctl.train import ckpt_store as store  # noqa: E402
+from llmctl.run import ckpt_store as store  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

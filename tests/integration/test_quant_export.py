@@ -36,9 +36,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     import torch
 
     from llmctl.config import compose
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train.checkpoint import make_checkpointer
     from llmctl.train.run import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     root = tmp_path_factory.mktemp("export")
     tok_json, prefix = build_data(root)
@@ -191,9 +191,9 @@ def test_gpt_style_run_exports_as_gpt2(tmp_path: Path) -> None:
 
     from llmctl.config import compose
     from llmctl.quant.quantize import quantize_source
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train.checkpoint import make_checkpointer
     from llmctl.train.run import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     tok_json, prefix = build_data(tmp_path)
     run_dir = tmp_path / "gpt"

@@ -32,7 +32,7 @@ def test_export_from_tp2_pp2_checkpoint(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from llmctl.config import compose
-    from llmctl.train.rundir import create_run_dir
+    from llmctl.run.rundir import create_run_dir
 
     tok_json, prefix = build_data(tmp_path)
     run_dir = tmp_path / "run"

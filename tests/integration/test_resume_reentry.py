@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _has_te() -> bool:
-    from llmctl.train.precision import has_transformer_engine
+    from llmctl.run.precision import has_transformer_engine
 
     return has_transformer_engine()
 

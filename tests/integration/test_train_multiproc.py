@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from llmctl.config import compose
-from llmctl.train.rundir import create_run_dir
+from llmctl.run.rundir import create_run_dir
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

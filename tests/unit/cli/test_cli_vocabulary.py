@@ -54,7 +54,7 @@ def test_recipes_show_accepts_recipe_equals_name() -> None:
 def test_recipes_list_summaries_are_whole_sentences_without_the_name() -> None:
     import json
 
-    from llmctl.config.resources import resource_dir
+    from llmctl.resources import resource_dir
 
     res = runner.invoke(app, ["recipes", "list", "--json"])
     assert res.exit_code == 0, res.output

@@ -8,7 +8,7 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
-from llmctl.hf.init import check_same_model, checkpoint_dir
+from llmctl.run.init_from import check_same_model, checkpoint_dir
 
 
 def test_checkpoint_dir_follows_latest(tmp_path: Path) -> None:

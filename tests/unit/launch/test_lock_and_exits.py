@@ -14,13 +14,13 @@ import pytest
 
 from llmctl.errors import UserError
 from llmctl.launch.common import RankExits
-from llmctl.launch.lock import acquire_run_lock, check_run_lock, hold_for_rank
+from llmctl.run.lock import acquire_run_lock, check_run_lock, hold_for_rank
 
 REPO = Path(__file__).resolve().parents[3]
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from llmctl.launch.lock import acquire_run_lock, hold_for_rank
+from llmctl.run.lock import acquire_run_lock, hold_for_rank
 kind, run_dir = sys.argv[1], Path(sys.argv[2])
 held = acquire_run_lock(run_dir) if kind == "launcher" else hold_for_rank(run_dir, 0)
 print("held", flush=True)

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 pytest.importorskip("megatron.core")
 
@@ -69,8 +69,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     from llmctl.config import compose
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     base = tmp_path_factory.mktemp("reentry")
     corpus = _corpus(base / "corpus")
@@ -255,7 +255,7 @@ def test_resume_takes_a_group_option_over_the_saved_section(run: Path, llmctl) -
 
 
 def test_not_a_run_directory_is_worded_one_way(tmp_path: Path, llmctl) -> None:
-    from llmctl.train.rundir import require_run_dir
+    from llmctl.run.rundir import require_run_dir
 
     line = _one_line_error(*llmctl("resume", str(tmp_path), "--dry-run"))
     with pytest.raises(Exception, match="not a run directory") as err:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.config import compose, list_recipes
-from llmctl.config.planning import plan_config
+from llmctl.run.planning import plan_config
 
 runner = CliRunner()
 R70 = "recipe=llama3_70b_pretrain_64gpu_h100_fp8"
@@ -98,8 +98,8 @@ def test_calibrate_out_that_cannot_be_written_is_one_line(
 
 
 def test_calibrated_file_is_replaced_only_with_force(tmp_path: Path) -> None:
-    from llmctl.config.planning import CALIBRATED_HEADER, save_calibrated
     from llmctl.errors import UserError
+    from llmctl.run.planning import CALIBRATED_HEADER, save_calibrated
 
     out = tmp_path / "c.yaml"
     save_calibrated(out, f"{CALIBRATED_HEADER}\nname: a\n")

@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 
 from llmctl.config import compose
-from llmctl.config.planning import plan_config, plan_input
 from llmctl.plan.layout import Layout, split_layers
 from llmctl.plan.memory import GIB, stage_memory
 from llmctl.plan.params import embedding_params
 from llmctl.plan.specs import BYTES, Sharding
+from llmctl.run.planning import plan_config, plan_input
 
 
 def _memory(inp, layout: Layout, rank: int):

@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 
 from llmctl.config import compose
-from llmctl.config.planning import plan_input
 from llmctl.plan import Layout, Recompute, evaluate, plan
+from llmctl.run.planning import plan_input
 
 RECIPE = "mixtral_8x7b_pretrain_64gpu_h100_bf16"
 NEMO_LAYOUT = Layout(tp=1, pp=4, vpp=8, ep=8, dp=16, micro_batch_size=1)
@@ -37,9 +37,9 @@ def test_recipe_moe_a2a_overlap_override_hides_the_all_to_alls() -> None:
     on, the all-to-alls of the NeMo layout are hidden under compute (less exposed MoE comm,
     at most the compute that hides it), and the search keeps only layouts megatron-core runs
     the overlap on (its TransformerConfig rules: tests/unit/train/test_moe_overlap_config.py)."""
-    from llmctl.config.planning import plan_config
     from llmctl.plan.moe import overlap_refusal
     from llmctl.plan.report import result_dict
+    from llmctl.run.planning import plan_config
 
     fixed = ["parallel.tp=1", "parallel.pp=4", "parallel.vpp=8", "parallel.ep=8"]
     fixed += ["parallel.micro_batch_size=1", "parallel.recompute=none"]
@@ -68,9 +68,9 @@ def test_expert_tensor_parallel_size_as_megatron_core_builds_it() -> None:
     import json
     from pathlib import Path
 
-    from llmctl.config.planning import cluster_spec
     from llmctl.plan import Constraints
     from llmctl.plan.reference import row_input, row_layout
+    from llmctl.run.planning import cluster_spec
 
     fixture = Path(__file__).resolve().parents[2] / "fixtures" / "plan" / "published_runs.json"
     published = json.loads(fixture.read_text())

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 
 from llmctl.config import compose
-from llmctl.config.planning import plan_input
 from llmctl.plan import Layout, PlanInput, Recompute, Sharding, evaluate
 from llmctl.plan.params import total_params
 from llmctl.plan.specs import BYTES
+from llmctl.run.planning import plan_input
 
 
 def _gpt22b() -> PlanInput:

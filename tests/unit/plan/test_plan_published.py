@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from llmctl.config import compose
-from llmctl.config.planning import cluster_spec, plan_input
 from llmctl.plan import ClusterSpec, Layout, PlanInput, Recompute, Sharding, evaluate, plan
 from llmctl.plan.flops import step_flops
 from llmctl.plan.memory import layer_activation_bytes
@@ -32,6 +31,7 @@ from llmctl.plan.reference import (
     row_input,
     row_layout,
 )
+from llmctl.run.planning import cluster_spec, plan_input
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "plan"
 PUBLISHED = json.loads((FIXTURES / "published_runs.json").read_text())

@@ -14,8 +14,8 @@ import sys
 import time
 
 from llmctl.config import compose
-from llmctl.config.planning import plan_input
 from llmctl.plan import flops, memory, params, perf, plan, search
+from llmctl.run.planning import plan_input
 
 RECIPE = "llama31_405b_pretrain_1024gpu_h100_fp8"
 

@@ -88,7 +88,7 @@ def test_awq_needs_cuda(hf_dir: Path, data: str, tmp_path: Path) -> None:
 
 def test_run_dir_without_checkpoint(tmp_path: Path) -> None:
     from llmctl.config import compose
-    from llmctl.train.rundir import create_run_dir
+    from llmctl.run.rundir import create_run_dir
 
     run = create_run_dir(compose("tiny_cpu", [f"train.run_dir={tmp_path / 'run'}"]), None)
     res = runner.invoke(app, ["export", "hf", str(run), "--out", str(tmp_path / "hf")])
@@ -184,8 +184,8 @@ def test_text_data_is_tokenized_with_the_models_tokenizer(hf_dir: Path, tmp_path
 
 
 def test_presets_enum_matches_shipped_files() -> None:
-    from llmctl.config.resources import list_options
     from llmctl.quant.schemes import Preset
+    from llmctl.resources import list_options
 
     assert sorted(p.value for p in Preset) == list_options("quant")
 

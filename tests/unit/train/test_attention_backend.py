@@ -10,7 +10,7 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
-from llmctl.train.precision import RECIPES, megatron_attention_backend
+from llmctl.run.precision import RECIPES, megatron_attention_backend
 
 pytest.importorskip("megatron.core")
 
@@ -27,8 +27,8 @@ def test_cpu_model_carries_the_backend_and_keeps_the_environment(one_thread: Non
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnBackend
 
+    from llmctl.run.layout import resolve_layout
     from llmctl.train import cpu_compat, parallel
-    from llmctl.train.layout import resolve_layout
     from llmctl.train.model import build_model_chunks, transformer_config
 
     cfg = compose("tiny_cpu", ["precision.attention_backend=unfused"])
@@ -51,7 +51,7 @@ def test_cpu_model_carries_the_backend_and_keeps_the_environment(one_thread: Non
 
 @pytest.mark.parametrize("asked", ["flash", "fused"])
 def test_te_kernel_on_cpu_is_refused_before_launch(asked: str) -> None:
-    from llmctl.train.preflight import preflight
+    from llmctl.run.preflight import preflight
 
     cfg = compose("tiny_cpu", [f"precision.attention_backend={asked}"])
     with pytest.raises(UserError) as err:

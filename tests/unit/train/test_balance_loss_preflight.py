@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from llmctl.config import compose
-from llmctl.config.planning import _move_layers
 from llmctl.errors import UserError
-from llmctl.train.preflight import preflight
+from llmctl.run.planning import _move_layers
+from llmctl.run.preflight import preflight
 
 
 def test_vpp_with_balance_loss_passes_preflight() -> None:

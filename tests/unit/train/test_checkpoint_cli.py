@@ -9,14 +9,14 @@ from test_checkpoint_store import _fake_checkpoint
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 runner = CliRunner()
 
 
 def _run_dir(tmp_path: Path) -> Path:
     from llmctl.config import compose
-    from llmctl.train.rundir import create_run_dir
+    from llmctl.run.rundir import create_run_dir
 
     cfg = compose("tiny_cpu", ["train.train_iters=10", f"train.run_dir={tmp_path / 'run'}"])
     return create_run_dir(cfg, None)

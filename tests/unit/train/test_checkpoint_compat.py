@@ -6,18 +6,19 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
+from llmctl.run.layout import resolve_layout
 from llmctl.train.checkpoint import (
     check_compatible,
     check_optimizer_checkpointable,
     preempt_exit_code,
     uses_torch_adam,
 )
-from llmctl.train.layout import resolve_layout
 
 
 def _saved(cfg, layout) -> dict:
     """The parts of train_state.json that `check_compatible` reads, as a save writes them."""
-    from llmctl.train.checkpoint import _ARCH_FIELDS, _v
+    from llmctl.config.values import enum_value as _v
+    from llmctl.run.ckpt_compat import ARCH_FIELDS as _ARCH_FIELDS
 
     return {
         "model": {k: _v(getattr(cfg.model, k)) for k in _ARCH_FIELDS},

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 from llmctl.config import compose
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 # A signal sent once step 5 is logged reaches the handler within ~15 ms (5 ms polls, the
 # GIL's 5 ms switch interval); the 19 steps left take >= 0.3 s even on a host 3x faster

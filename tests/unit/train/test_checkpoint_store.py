@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmctl.train import ckpt_store as store
+from llmctl.run import ckpt_store as store
 
 
 def _fake_checkpoint(root: Path, step: int, world_size: int = 1) -> Path:
@@ -98,7 +98,7 @@ def test_apply_retention_and_clean_stale(tmp_path: Path) -> None:
 
 
 def test_restricted_unpickler_rejects_code(tmp_path: Path) -> None:
-    from llmctl.train.ckpt_safe import UnsafePickleError, load_metadata
+    from llmctl.run.ckpt_safe import UnsafePickleError, load_metadata
 
     class Evil:
         def __reduce__(self):

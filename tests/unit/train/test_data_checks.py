@@ -8,8 +8,8 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
-from llmctl.train.data import resolve_data
-from llmctl.train.preflight import preflight
+from llmctl.run.data import resolve_data
+from llmctl.run.preflight import preflight
 
 
 def test_missing_prefix_names_the_file(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmctl.errors import UserError
-from llmctl.train.data import check_split, data_fingerprint, num_documents
+from llmctl.run.data import check_split, data_fingerprint, num_documents
 
 
 def _write(prefix: Path, docs: list[list[int]]) -> str:

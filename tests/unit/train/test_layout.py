@@ -4,7 +4,7 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
-from llmctl.train.layout import resolve_layout
+from llmctl.run.layout import resolve_layout
 
 
 def _cfg(*overrides: str):

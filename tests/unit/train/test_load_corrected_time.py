@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from llmctl.train.metrics import cpu_share, rank_times, sched_ns
+from llmctl.run.metrics import cpu_share, rank_times, sched_ns
 
 pytestmark = pytest.mark.skipif(
     sched_ns() is None or not hasattr(os, "sched_setaffinity"), reason="no Linux schedstat"

@@ -4,7 +4,7 @@ import json
 import math
 
 from llmctl.config import compose
-from llmctl.train.metrics import (
+from llmctl.run.metrics import (
     MetricsLog,
     PerfReport,
     flops_per_token,

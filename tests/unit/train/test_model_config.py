@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from llmctl.config import compose
-from llmctl.train.layout import resolve_layout
-from llmctl.train.precision import recipe_for
+from llmctl.run.layout import resolve_layout
+from llmctl.run.precision import recipe_for
 
 pytest.importorskip("megatron.core")
 

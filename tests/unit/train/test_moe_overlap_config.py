@@ -14,8 +14,8 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
-from llmctl.train.layout import check_moe_overlap, resolve_layout
-from llmctl.train.precision import recipe_for
+from llmctl.run.layout import check_moe_overlap, resolve_layout
+from llmctl.run.precision import recipe_for
 
 pytest.importorskip("megatron.core")
 
@@ -59,7 +59,7 @@ def test_overlap_off_leaves_megatron_defaults() -> None:
 
 
 def test_overlap_on_cpu_is_one_line_before_launch() -> None:
-    from llmctl.train.preflight import preflight
+    from llmctl.run.preflight import preflight
 
     over = ["precision=bf16", "parallel.ep=2", "parallel.moe_a2a_overlap=true"]
     cfg = compose("tiny_cpu", [*MOE, *over])
@@ -101,7 +101,7 @@ def test_moe_tensor_parallel_without_sequence_parallel_is_one_line() -> None:
     before launch, and the search drops such layouts."""
     from llmctl.plan import Layout
     from llmctl.plan.moe import layout_refusal
-    from llmctl.train.preflight import preflight
+    from llmctl.run.preflight import preflight
 
     cfg = compose("tiny_cpu", [*MOE, "parallel.tp=2"])
     with pytest.raises(UserError, match=r"^parallel\.tp=2 with a MoE model needs sequence [^\n]*$"):

@@ -5,7 +5,7 @@ import logging
 
 from rich.console import Console
 
-from llmctl.train.metrics import StepMetrics
+from llmctl.run.metrics import StepMetrics
 from llmctl.train.panel import Panel
 
 

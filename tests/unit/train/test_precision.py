@@ -4,7 +4,7 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
-from llmctl.train.precision import check_precision, recipe_for
+from llmctl.run.precision import check_precision, recipe_for
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8_delayed", "fp8_current"])
@@ -29,7 +29,7 @@ def test_recipes_resolve_by_dtype_and_fp8_recipe():
 
 
 def test_megatron_kwargs_for_fp8_current_scaling():
-    from llmctl.train.precision import megatron_precision_kwargs
+    from llmctl.run.precision import megatron_precision_kwargs
 
     cfg = compose("tiny_cpu", ["precision=fp8_current"])
     kw = megatron_precision_kwargs(cfg.precision, recipe_for(cfg.precision))

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.slow  # trains, preprocesses and exports for real: ~20 
 def _train_here(cfg, run_dir: Path):
     import torch
 
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

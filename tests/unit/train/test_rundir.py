@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmctl.config import cfg_to_yaml, compose, load_resolved
-from llmctl.train.rundir import create_run_dir, default_run_dir, read_plan
+from llmctl.run.rundir import create_run_dir, default_run_dir, read_plan
 
 
 def test_create_run_dir_round_trips_config_and_plan(tmp_path):

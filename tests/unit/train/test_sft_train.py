@@ -58,9 +58,9 @@ def _cfg(prefix: str, run_dir: Path, *extra: str):
 def _trainer(cfg, run_dir: Path):
     import torch
 
+    from llmctl.run.data import resolve_data
+    from llmctl.run.layout import resolve_layout
     from llmctl.train import cpu_compat, parallel
-    from llmctl.train.data import resolve_data
-    from llmctl.train.layout import resolve_layout
     from llmctl.train.loop import Trainer
 
     threads = torch.get_num_threads()
@@ -222,8 +222,8 @@ def test_mask_and_positions_equal_megatrons_gpt_dataset(tmp_path):
 def test_freeze_embeddings_keeps_them_and_leaves_them_out_of_the_optimizer(packs, tmp_path):
     import torch
 
-    from llmctl.config.planning import model_spec
     from llmctl.plan.params import embedding_params
+    from llmctl.run.planning import model_spec
 
     cfg = _cfg(packs, tmp_path, "train.freeze_embeddings=true", "train.lr=1e-2")
     with _trainer(cfg, tmp_path) as trainer:
@@ -246,8 +246,8 @@ def test_fine_tuned_tiny_model_learns_the_task(tmp_path):
     at least ln(32)/3 = 1.155 nats per trained token (3 trained tokens: the partner word, which
     is uniform over 32 words without the prompt, then <|im_end|> and a newline). Measured on
     AVX-512, AVX2 and default kernels: 1.61 after 25 steps, 0.62 after 100, 0.12 after 200."""
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     prefix = _sft_data(tmp_path, 1200, max_words=1)
     cfg = _cfg(prefix, tmp_path / "run", "train.train_iters=200", "train.lr=3e-3",
@@ -274,8 +274,8 @@ def test_loss_weights_every_trained_token_the_same_whatever_the_micro_batch(pack
     the same steps, although their micro-batches hold different numbers of response tokens."""
     import torch
 
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     losses = {}
     for mbs in (4, 2):
@@ -301,8 +301,8 @@ def test_resumed_sft_run_continues_bit_for_bit(packs, tmp_path):
     uninterrupted run exactly (the SFT sample stream is a function of consumed samples)."""
     import torch
 
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     common = ["train.lr_decay_iters=4", "train.eval_interval=0", "checkpoint.async_save=false"]
 

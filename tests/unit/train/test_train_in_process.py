@@ -16,8 +16,8 @@ pytest.importorskip("megatron.core")
 def tiny_run(demo_cache, tmp_path_factory):
     import torch
 
+    from llmctl.run.rundir import create_run_dir
     from llmctl.train import run_in_process
-    from llmctl.train.rundir import create_run_dir
 
     run_dir = tmp_path_factory.mktemp("run")
     cfg = compose(
@@ -78,10 +78,10 @@ def test_parameter_count_matches_megatron_model(one_thread):
     """The config-side count (used for FLOPs) equals what megatron actually builds."""
     import torch.distributed as dist
 
+    from llmctl.run.layout import resolve_layout
+    from llmctl.run.precision import RECIPES
     from llmctl.train import cpu_compat, parallel
-    from llmctl.train.layout import resolve_layout
     from llmctl.train.model import build_model_chunks, count_parameters, transformer_config
-    from llmctl.train.precision import RECIPES
 
     for family in (
         ["model.family=llama"],

@@ -340,7 +340,7 @@ def validate(
     _check_required(manifest, files, result)
     _check_files(ckpt_dir, files, crc_part if full else None, result)
     if full and not result.problems:
-        from llmctl.train.ckpt_safe import shard_files_in_metadata
+        from llmctl.run.ckpt_safe import shard_files_in_metadata
 
         try:
             for rel in sorted(shard_files_in_metadata(ckpt_dir / ".metadata") - set(files)):
@@ -396,7 +396,7 @@ def describe_checkpoints(
     Raises:
         UserError: If `run_dir` is not a run directory.
     """
-    from llmctl.train.rundir import require_run_dir
+    from llmctl.run.rundir import require_run_dir
 
     run_dir = require_run_dir(run_dir)  # the one "not a run directory" wording
     root = run_dir / "checkpoints"

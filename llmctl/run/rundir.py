@@ -70,7 +70,7 @@ def _manifest_tokenizer(prefixes: list[str]) -> str | None:
     `llmctl data preprocess` records the tokenizer path as it was typed (often relative). None
     unless every prefix records the same Hugging Face tokenizer file and it exists from here.
     """
-    from llmctl.train.data import manifest_tokenizer
+    from llmctl.run.data import manifest_tokenizer
 
     found = [manifest_tokenizer(p) for p in prefixes]
     records = [r for r in found if r is not None]

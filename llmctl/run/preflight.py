@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmctl.config.planning import loss_balanced_stage_layers
 from llmctl.errors import UserError
-from llmctl.train.data import DataSpec, resolve_data
-from llmctl.train.layout import TrainLayout, resolve_layout
-from llmctl.train.precision import PrecisionRecipe, check_precision
+from llmctl.run.data import DataSpec, resolve_data
+from llmctl.run.layout import TrainLayout, resolve_layout
+from llmctl.run.planning import loss_balanced_stage_layers
+from llmctl.run.precision import PrecisionRecipe, check_precision
 
 
 @dataclass(frozen=True, slots=True)

@@ -312,7 +312,7 @@ def _quiet_step_s(run_dir: Path) -> float | None:
             value *= share
         if isinstance(value, int | float) and value > 0:
             times.append(float(value))
-    from llmctl.train.metrics import quiet_step_s
+    from llmctl.run.metrics import quiet_step_s
 
     return quiet_step_s(times)
 
@@ -447,7 +447,7 @@ def plan_config(
             an unreadable run directory, a cluster without a peak for the compute dtype, or a
             `save_to` that cannot be written (checked before any work).
     """
-    from llmctl.train.layout import cpu_ranks_follow_layout
+    from llmctl.run.layout import cpu_ranks_follow_layout
 
     if calibrate_dirs and save_to:
         check_calibrated_out(save_to, force)

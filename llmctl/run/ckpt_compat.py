@@ -1,0 +1,71 @@
+"""Whether a checkpoint can load into a run, decided before any process starts (no torch).
+
+The model fields must match; the optimizer sharding must match; the layout dims that changed
+are returned (megatron-core's distributed checkpoints reshard across them on load).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl.config.values import enum_value as _v
+from llmctl.errors import UserError
+
+# Model fields that must match between a checkpoint and the run that loads it.
+ARCH_FIELDS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "kv_channels", "vocab_size", "normalization", "activation", "position_embedding",
+    "tied_embeddings", "add_bias_linear", "num_experts",
+)  # fmt: skip
+LAYOUT_DIMS = ("tp", "pp", "vpp", "cp", "ep", "dp")
+
+
+def uses_torch_adam() -> bool:
+    """Whether megatron's optimizer runs on torch's Adam (no Transformer Engine, no Apex)."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        try:
+            import apex  # noqa: F401
+        except Exception:
+            return True
+    return False
+
+
+def check_optimizer_checkpointable(layout: Any) -> None:
+    """Refuse distributed-optimizer checkpoints where megatron-core cannot reload them.
+
+    Raises:
+        UserError: On the torch-Adam path (CPU, or GPU without TE/Apex) with sharding on.
+    """
+    if layout.optimizer_sharding == "distributed" and uses_torch_adam():
+        raise UserError(
+            "checkpoint: parallel.optimizer_sharding=distributed cannot be checkpointed on "
+            "megatron-core's torch-Adam path (no Transformer Engine or Apex, e.g. CPU): its "
+            "checkpoints do not reload there; use parallel.optimizer_sharding=none or "
+            "checkpoint.interval=0"
+        )
+
+
+def check_compatible(saved: dict[str, Any], cfg: Any, layout: Any) -> list[str]:
+    """Compare a checkpoint's train_state with this run. Returns the layout dims that changed.
+
+    Raises:
+        UserError: If a model field differs (no layout change can load other weights), or the
+            optimizer sharding changed.
+    """
+    saved_model = saved.get("model", {})
+    for name in ARCH_FIELDS:
+        have = getattr(cfg.model, name, None)
+        if name in saved_model and _v(saved_model[name]) != _v(have):
+            raise UserError(
+                f"checkpoint was saved with model.{name}={saved_model[name]}, this run has "
+                f"{have}; a checkpoint only loads into the same model"
+            )
+    old = saved.get("layout", {})
+    if old.get("optimizer_sharding", "none") != layout.optimizer_sharding:
+        raise UserError(
+            f"checkpoint: parallel.optimizer_sharding changed ({old.get('optimizer_sharding')} -> "
+            f"{layout.optimizer_sharding}); the optimizer state cannot be converted"
+        )
+    return [d for d in LAYOUT_DIMS if d in old and old[d] != getattr(layout, d)]
