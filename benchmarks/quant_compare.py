@@ -43,7 +43,7 @@ def train_and_export(work: Path, iters: int) -> tuple[Path, str]:
     """Train the widened demo model with llmctl and export it; returns (HF dir, data prefix)."""
     from llmctl.config import compose
     from llmctl.data.demo import prepare_demo_data
-    from llmctl.quant.export import export_run
+    from llmctl.hf.export import export_run
     from llmctl.run.rundir import create_run_dir
     from llmctl.train.checkpoint import make_checkpointer
     from llmctl.train.run import run_in_process

@@ -139,6 +139,10 @@ OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output directory.", s
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Overwrite an existing output that llmctl wrote.")
 ]
+StepOpt = Annotated[int | None, typer.Option("--step", help="Checkpoint step (default: latest).")]
+TokenizerOpt = Annotated[
+    Path | None, typer.Option("--tokenizer", help="tokenizer.json (default: the run's).")
+]
 
 
 class _RichPhase(Phase):

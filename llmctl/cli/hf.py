@@ -1,4 +1,4 @@
-"""`llmctl import hf`: parse, call one library function, render."""
+"""`llmctl import hf` and `llmctl export hf`: parse, call one library function, render."""
 
 from __future__ import annotations
 
@@ -10,9 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
-from llmctl.cli.common import DryRunOpt, JsonOpt
+from llmctl.cli.common import (
+    DryRunOpt,
+    ForceOpt,
+    JsonOpt,
+    OutOpt,
+    StepOpt,
+    TokenizerOpt,
+    console_progress,
+)
 
 import_app = typer.Typer(help="Import a model from another format.", no_args_is_help=True)
+export_app = typer.Typer(help="Export a llmctl checkpoint to another format.", no_args_is_help=True)
 
 
 @contextlib.contextmanager
@@ -97,4 +106,29 @@ def import_hf(
     typer.echo(
         f"imported {src} ({data['architecture']}, {data['num_parameters']:,} parameters) -> "
         f"{data['out']} in {data['seconds']:.1f} s; recipe: {data['out']}/recipe.yaml"
+    )
+
+
+@export_app.command("hf")
+def export_hf(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (config.yaml, checkpoints/).")],
+    out: OutOpt,
+    step: StepOpt = None,
+    tokenizer: TokenizerOpt = None,
+    force: ForceOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a Hugging Face directory (Llama, Mistral, Qwen2, Mixtral or GPT-2) from a run."""
+    from llmctl.hf.export import export_run
+
+    with console_progress() as progress:  # on stderr: --json stdout stays clean
+        result = export_run(
+            run_dir, out, step=step, tokenizer=tokenizer, force=force, progress=progress
+        )
+    if json_out:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    typer.echo(
+        f"exported step {result.step} -> {result.out} ({result.architecture}, "
+        f"{result.num_parameters:,} parameters, {result.size_bytes / 2**20:.1f} MiB)"
     )

@@ -36,7 +36,7 @@ COMMANDS: tuple[LazyCommand, ...] = (
     _L("recipes", "llmctl.cli.recipes", "app", "List shipped recipes and show a resolved one."),
     _L("data", "llmctl.cli.data", "app",
        "Preprocess text into Megatron's indexed format, deduplicate it, train tokenizers."),
-    _L("export", "llmctl.cli.quant", "export_app", "Export a llmctl checkpoint to another format."),
+    _L("export", "llmctl.cli.hf", "export_app", "Export a llmctl checkpoint to another format."),
     _L("import", "llmctl.cli.hf", "import_app", "Import a model from another format."),
 )  # fmt: skip
 """Every command: `llmctl --help` lists this table; a command's module loads when it runs."""

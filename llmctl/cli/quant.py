@@ -1,4 +1,4 @@
-"""`llmctl export hf` and `llmctl quantize`: parse, call one library function, render."""
+"""`llmctl quantize`: parse, call one library function, render."""
 
 from __future__ import annotations
 
@@ -8,40 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from llmctl.cli.common import DryRunOpt, ForceOpt, JsonOpt, OutOpt, console_progress
+from llmctl.cli.common import (
+    DryRunOpt,
+    ForceOpt,
+    JsonOpt,
+    OutOpt,
+    StepOpt,
+    TokenizerOpt,
+    console_progress,
+)
 from llmctl.quant.schemes import Algorithm, Preset, Scheme
-
-export_app = typer.Typer(help="Export a llmctl checkpoint to another format.", no_args_is_help=True)
-
-StepOpt = Annotated[int | None, typer.Option("--step", help="Checkpoint step (default: latest).")]
-TokenizerOpt = Annotated[
-    Path | None, typer.Option("--tokenizer", help="tokenizer.json (default: the run's).")
-]
-
-
-@export_app.command("hf")
-def export_hf(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory (config.yaml, checkpoints/).")],
-    out: OutOpt,
-    step: StepOpt = None,
-    tokenizer: TokenizerOpt = None,
-    force: ForceOpt = False,
-    json_out: JsonOpt = False,
-) -> None:
-    """Write a Hugging Face directory (Llama, Mistral, Qwen2, Mixtral or GPT-2) from a run."""
-    from llmctl.quant.export import export_run
-
-    with console_progress() as progress:  # on stderr: --json stdout stays clean
-        result = export_run(
-            run_dir, out, step=step, tokenizer=tokenizer, force=force, progress=progress
-        )
-    if json_out:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
-        return
-    typer.echo(
-        f"exported step {result.step} -> {result.out} ({result.architecture}, "
-        f"{result.num_parameters:,} parameters, {result.size_bytes / 2**20:.1f} MiB)"
-    )
 
 
 def _mib(n: int) -> str:

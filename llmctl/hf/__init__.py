@@ -1,6 +1,9 @@
-"""Hugging Face interop: import a Hugging Face model directory as a megatron-core checkpoint.
+"""Hugging Face interop, both directions: `llmctl import hf` and `llmctl export hf`.
 
-`mapping` holds the one name/shape table that both `llmctl import hf` (here) and
-`llmctl export hf` (`llmctl.quant.export`) use; `importer` streams the weights; `init` loads an
-imported checkpoint's weights into a fresh run (`checkpoint.init_from`).
+`mapping` holds the one name/shape table that both `importer` (a Hugging Face directory ->
+a megatron-core checkpoint, streaming the weights through `convert`) and `export` (a run's
+checkpoint -> a Hugging Face directory) use; `config` maps `config.json` to llmctl's model
+config group and back; `modeldir` reads a Hugging Face directory's headers without loading it;
+`init` checks an imported checkpoint before it seeds a fresh run (`checkpoint.init_from`).
+Nothing here imports `llmctl.quant`: quantization uses this package, not the reverse.
 """

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
-from llmctl.hf.mapping import FAMILIES, Family
+from llmctl.hf.mapping import FAMILIES, Family, head_dim
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import ModelConfig
 
 # Llama 3.1's RoPE scaling with the constants megatron-core's RotaryEmbedding hard-codes.
 LLAMA3_ROPE = {
@@ -177,7 +180,7 @@ def model_fields(
     _refuse(config, family, where)
     rope = rope_of(config)
     heads, hidden = int(config.num_attention_heads), int(config.hidden_size)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    dim = int(getattr(config, "head_dim", None) or hidden // heads)
     experts = int(getattr(config, "num_local_experts", 0) or 0) if family.moe else 0
     vocab = int(config.vocab_size)
     return {
@@ -188,7 +191,7 @@ def model_fields(
         "ffn_hidden_size": int(config.intermediate_size),
         "num_attention_heads": heads,
         "num_query_groups": int(getattr(config, "num_key_value_heads", None) or heads),
-        "kv_channels": None if head_dim * heads == hidden else head_dim,
+        "kv_channels": None if dim * heads == hidden else dim,
         "vocab_size": padded_vocab(vocab, vocab_multiple, tp),
         "hf_vocab_size": vocab,
         "seq_length": _seq_length(config),
@@ -211,11 +214,7 @@ def model_fields(
     }
 
 
-def _head_dim(model: Any) -> int:
-    return int(model.kv_channels or model.hidden_size // model.num_attention_heads)
-
-
-def architecture_of(model: Any) -> str:
+def architecture_of(model: ModelConfig) -> str:
     """The Hugging Face class a Llama-style `cfg.model` exports as."""
     if getattr(model, "hf_architecture", None):
         return str(model.hf_architecture)
@@ -224,7 +223,7 @@ def architecture_of(model: Any) -> str:
     return "Qwen2ForCausalLM" if getattr(model, "add_qkv_bias", False) else "LlamaForCausalLM"
 
 
-def _rope_parameters(model: Any) -> dict[str, Any]:
+def _rope_parameters(model: ModelConfig) -> dict[str, Any]:
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(model.rotary_base)}
     factor = getattr(model, "rope_scaling_factor", None)
     if factor:
@@ -232,7 +231,7 @@ def _rope_parameters(model: Any) -> dict[str, Any]:
     return rope
 
 
-def hf_config_kwargs(model: Any, eos_id: int | None) -> dict[str, Any]:
+def hf_config_kwargs(model: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     """Keyword arguments of the transformers config class for `cfg.model` (shared fields)."""
     kwargs: dict[str, Any] = {
         "vocab_size": int(getattr(model, "hf_vocab_size", None) or model.vocab_size),
@@ -241,7 +240,7 @@ def hf_config_kwargs(model: Any, eos_id: int | None) -> dict[str, Any]:
         "num_hidden_layers": model.num_layers,
         "num_attention_heads": model.num_attention_heads,
         "num_key_value_heads": model.num_query_groups,
-        "head_dim": _head_dim(model),
+        "head_dim": head_dim(model),
         "max_position_embeddings": model.max_position_embeddings or model.seq_length,
         "rms_norm_eps": model.norm_epsilon,
         "rope_parameters": _rope_parameters(model),
@@ -259,7 +258,7 @@ def hf_config_kwargs(model: Any, eos_id: int | None) -> dict[str, Any]:
     return kwargs
 
 
-def hf_config_dict(model: Any, eos_id: int | None, dtype: str) -> dict[str, Any]:
+def hf_config_dict(model: ModelConfig, eos_id: int | None, dtype: str) -> dict[str, Any]:
     """config.json contents for a Llama-style `cfg.model`, through transformers' own class."""
     import transformers
 

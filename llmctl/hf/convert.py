@@ -11,10 +11,14 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.hf import mapping as M
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.hf.importer import ImportPlan
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -50,7 +54,7 @@ def one_rank_megatron() -> Iterator[Any]:
             cpu_compat.uninstall()
 
 
-def empty_model(cfg: Any, layout: Any, dtype: str) -> Any:
+def empty_model(cfg: RootConfig, layout: Any, dtype: str) -> Any:
     """GPTModel at TP=1 with uninitialised weights in `dtype` (they are all overwritten)."""
     import torch
 
@@ -115,12 +119,6 @@ class _Reader:
         return raw.view(dtype).reshape(entry["shape"])
 
 
-def heads_of(model: Any) -> M.Heads:
-    """Attention shape of `cfg.model` for the QKV fusion."""
-    d = model.kv_channels or model.hidden_size // model.num_attention_heads
-    return M.Heads(model.num_attention_heads, model.num_query_groups, int(d))
-
-
 def _copy_in(param: Any, tensor: Any, name: str, hf_names: tuple[str, ...]) -> None:
     """Copy a converted tensor into its parameter; vocab rows past the source are zeroed."""
     import torch
@@ -144,12 +142,12 @@ def _copy_in(param: Any, tensor: Any, name: str, hf_names: tuple[str, ...]) -> N
 
 
 def stream_weights(
-    plan: Any, model: Any, cfg: Any, on_progress: Callable[[int, int], None] | None
+    plan: ImportPlan, model: Any, cfg: RootConfig, on_progress: Callable[[int, int], None] | None
 ) -> None:
     """Fill every parameter from the source, one layer's tensors in memory at a time."""
     params = dict(model.named_parameters())
     filled: set[str] = set()
-    heads = heads_of(cfg.model)
+    heads = M.heads_of(cfg.model)
     num_layers = cfg.model.num_layers
     by_layer: list[list[Any]] = [[] for _ in range(num_layers + 1)]
     for name, hf_names, op in plan.mapping:
@@ -172,7 +170,7 @@ def stream_weights(
         raise UserError(f"no source tensor for megatron parameter {unfilled[0]}")  # fmt: skip
 
 
-def save_checkpoint(model: Any, cfg: Any, layout: Any, ckpt_root: Path, source: str) -> Path:
+def save_checkpoint(model: Any, cfg: RootConfig, layout: Any, ckpt_root: Path, source: str) -> Path:
     """Save `model` as llmctl's committed checkpoint `iter_0000000` (manifest, latest)."""
     from megatron.core import dist_checkpointing
 
@@ -209,7 +207,10 @@ def _value(x: Any) -> Any:
 
 
 def convert(
-    plan: Any, cfg: Any, ckpt_root: Path, on_progress: Callable[[int, int], None] | None
+    plan: ImportPlan,
+    cfg: RootConfig,
+    ckpt_root: Path,
+    on_progress: Callable[[int, int], None] | None,
 ) -> tuple[int, int]:
     """Build, fill and save; returns (RSS before the model was allocated, parameter count)."""
     from llmctl.hf.rss import rss_bytes

@@ -34,6 +34,7 @@ from typing import Any
 from llmctl.errors import UserError
 from llmctl.hf import mapping as M
 from llmctl.hf.config import family_of, load_hf_config, model_fields
+from llmctl.hf.modeldir import TensorInfo, read_safetensors_header
 from llmctl.hf.rss import peak_rss_bytes as _peak_rss_bytes
 from llmctl.progress import third_party_output_to
 from llmctl.staging import check_out, publish
@@ -72,14 +73,12 @@ class ImportPlan:
         }
 
 
-def _tensor_files(src: Path) -> dict[str, tuple[str, Any]]:
+def _tensor_files(src: Path) -> dict[str, tuple[str, TensorInfo]]:
     """Tensor name -> (file name, header info) over every safetensors file of `src`."""
-    from llmctl.quant.hfdir import read_safetensors_header
-
     files = sorted(src.glob("*.safetensors"))
     if not files:
         raise UserError(f"{src} holds no *.safetensors weights (pytorch .bin is not read)")
-    out: dict[str, tuple[str, Any]] = {}
+    out: dict[str, tuple[str, TensorInfo]] = {}
     for path in files:
         for name, info in read_safetensors_header(path).items():
             out[name] = (path.name, info)
@@ -87,7 +86,7 @@ def _tensor_files(src: Path) -> dict[str, tuple[str, Any]]:
 
 
 def _check_tensors(
-    found: dict[str, tuple[str, Any]], mapping: list[Any], tied: bool, src: Path
+    found: dict[str, tuple[str, TensorInfo]], mapping: list[Any], tied: bool, src: Path
 ) -> None:
     wanted = {h for _, names, _ in mapping for h in names}
     missing = sorted(wanted - set(found))
@@ -103,7 +102,7 @@ def _check_tensors(
         )
 
 
-def _dtype(found: dict[str, tuple[str, Any]], requested: str, src: Path) -> str:
+def _dtype(found: dict[str, tuple[str, TensorInfo]], requested: str, src: Path) -> str:
     kinds = {info.dtype for _, info in found.values()}
     if requested != "auto":
         return requested

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import ModelConfig
 
 
 class Op(StrEnum):
@@ -143,6 +146,16 @@ class Heads:
     head_dim: int
 
 
+def head_dim(model: ModelConfig) -> int:
+    """Rows per attention head: `kv_channels`, or hidden size over heads."""
+    return int(model.kv_channels or model.hidden_size // model.num_attention_heads)
+
+
+def heads_of(model: ModelConfig) -> Heads:
+    """Attention shape of `cfg.model` for the QKV fusion."""
+    return Heads(model.num_attention_heads, model.num_query_groups, head_dim(model))
+
+
 def fuse_qkv(q: Any, k: Any, v: Any, heads: Heads) -> Any:
     """Megatron's group-interleaved QKV (weight [rows, hidden] or bias [rows]) from Q, K, V."""
     import torch
@@ -228,7 +241,7 @@ def _layers(state: dict[str, Any], num_layers: int) -> dict[str, Any]:
     return out
 
 
-def megatron_to_hf(state: dict[str, Any], family: Family, model: Any) -> dict[str, Any]:
+def megatron_to_hf(state: dict[str, Any], family: Family, model: ModelConfig) -> dict[str, Any]:
     """Hugging Face state dict (contiguous tensors) from a checkpoint's global model tensors.
 
     Vocab rows past `model.hf_vocab_size` (padding) are dropped.
@@ -237,11 +250,7 @@ def megatron_to_hf(state: dict[str, Any], family: Family, model: Any) -> dict[st
         KeyError: A tensor with no counterpart, or one the family needs that is missing
             (the message names it).
     """
-    heads = Heads(
-        model.num_attention_heads,
-        model.num_query_groups,
-        int(model.kv_channels or model.hidden_size // model.num_attention_heads),
-    )
+    heads = heads_of(model)
     local = _layers(state, model.num_layers)
     table = expand(family, model.num_layers, model.num_experts, bool(model.tied_embeddings))
     vocab = getattr(model, "hf_vocab_size", None) or model.vocab_size

@@ -22,11 +22,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
+from llmctl.hf import modeldir
 from llmctl.progress import NO_PROGRESS, Phase, Progress, third_party_output_to
-from llmctl.quant import calibration, hfdir
+from llmctl.quant import calibration
+from llmctl.quant.linears import hf_linear_shapes, linear_shapes, quantized_bits_per_weight
 from llmctl.quant.schemes import (
     SUPPORTED_ARCHITECTURES,
     QuantSpec,
@@ -38,6 +40,10 @@ from llmctl.quant.schemes import (
     theoretical_bits_per_weight,
 )
 from llmctl.staging import check_out, publish, staging_dir
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import QuantConfig
+    from llmctl.hf.export import RunCheckpoint
 
 REPORT_FILE = "quant_report.json"
 DEFAULT_EVAL_TOKENS = 16384
@@ -74,7 +80,7 @@ class QuantPlan:
     model_vocab: int
     eval_seq_len: int
     theoretical_bits: float
-    checkpoint: Any = None  # export.RunCheckpoint for run directories
+    checkpoint: RunCheckpoint | None = None  # for run directories
     split: calibration.TokenSplit | None = field(default=None, repr=False)
     notes: tuple[str, ...] = ()
 
@@ -152,7 +158,7 @@ def _check_out(request: QuantRequest) -> None:
 
 
 def _plan_hf(request: QuantRequest) -> dict[str, Any]:
-    config = hfdir.read_config(request.source)
+    config = modeldir.read_config(request.source)
     arch = (config.get("architectures") or ["?"])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UserError(
@@ -167,7 +173,7 @@ def _plan_hf(request: QuantRequest) -> dict[str, Any]:
     return {
         "source_kind": "hf",
         "architecture": arch,
-        "linears": hfdir.linear_shapes(hfdir.read_tensors(request.source)),
+        "linears": linear_shapes(modeldir.read_tensors(request.source)),
         "data": request.data,
         "tokenizer": tokenizer if tokenizer.is_file() else None,
         "tokenizer_vocab": _vocab(request.source, request.data),
@@ -178,7 +184,7 @@ def _plan_hf(request: QuantRequest) -> dict[str, Any]:
 
 
 def _plan_run(request: QuantRequest) -> dict[str, Any]:
-    from llmctl.quant import export
+    from llmctl.hf import export
 
     ckpt = export.find_run_checkpoint(request.source, request.step, request.tokenizer)
     arch = export.check_exportable(ckpt.model)
@@ -194,7 +200,7 @@ def _plan_run(request: QuantRequest) -> dict[str, Any]:
     return {
         "source_kind": "run_dir",
         "architecture": arch,
-        "linears": export.hf_linear_shapes(ckpt.model),
+        "linears": hf_linear_shapes(ckpt.model),
         "data": request.data or ckpt.data_prefix,
         "tokenizer": Path(ckpt.tokenizer),
         "tokenizer_vocab": tokenizer_info(str(ckpt.tokenizer))[0],
@@ -260,7 +266,7 @@ def _check_user_ignore(entries: tuple[str, ...], linears: dict[str, tuple[int, i
 
 def _vocab(model_dir: Path, data: str | None) -> int:
     """Tokenizer vocabulary of a model directory (0 when there is no data to check)."""
-    return hfdir.tokenizer_vocab_size(model_dir) if data else 0
+    return modeldir.tokenizer_vocab_size(model_dir) if data else 0
 
 
 def _split(request: QuantRequest, found: dict[str, Any]) -> calibration.TokenSplit | None:
@@ -406,7 +412,7 @@ def rename_experts(model_dir: Path, architecture: str) -> int:
 
 
 def _copy_tokenizer(src: Path, dst: Path) -> None:
-    for name in hfdir.TOKENIZER_FILES:
+    for name in modeldir.TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
 
@@ -447,8 +453,9 @@ LOG_FILE = "quantize.log"
 def _source_model_dir(plan: QuantPlan, workdir: Path, progress: Progress) -> Path:
     if plan.source_kind == "hf":
         return plan.request.source.resolve()
-    from llmctl.quant.export import export_hf
+    from llmctl.hf.export import export_hf
 
+    assert plan.checkpoint is not None  # a run directory's plan names its checkpoint
     export_hf(plan.checkpoint, workdir / "export", progress=progress)
     return (workdir / "export").resolve()
 
@@ -558,12 +565,12 @@ def run_quantization(plan: QuantPlan, progress: Progress = NO_PROGRESS) -> Quant
 
 def _source_stats(model_dir: Path, plan: QuantPlan) -> dict[str, Any]:
     """Size of the source weights and the storage bits of its Linear weights."""
-    tensors = hfdir.read_tensors(model_dir)
+    tensors = modeldir.read_tensors(model_dir)
     first = next(iter(plan.linears))
     info = tensors.get(f"{first}.weight")
     return {
-        "size_bytes": hfdir.dir_size_bytes(model_dir),
-        "bits": hfdir.DTYPE_BITS.get(info.dtype, 0) if info is not None else 0,
+        "size_bytes": modeldir.dir_size_bytes(model_dir),
+        "bits": modeldir.DTYPE_BITS.get(info.dtype, 0) if info is not None else 0,
     }
 
 
@@ -578,7 +585,7 @@ def _report(
     t0: float,
 ) -> QuantReport:
     spec, req = plan.request.spec, plan.request
-    bits, count = hfdir.quantized_bits_per_weight(hfdir.read_tensors(staging), spec.weight_bits)
+    bits, count = quantized_bits_per_weight(modeldir.read_tensors(staging), spec.weight_bits)
     return QuantReport(
         source=str(req.source),
         out=str(req.out),
@@ -587,7 +594,7 @@ def _report(
         group_size=spec.group_size,
         ignore=list(spec.ignore),
         size_before_bytes=int(before["size_bytes"]),
-        size_after_bytes=hfdir.dir_size_bytes(staging),
+        size_after_bytes=modeldir.dir_size_bytes(staging),
         source_bits_per_weight=int(before["bits"]),
         bits_per_weight=round(bits, 4),
         theoretical_bits_per_weight=round(plan.theoretical_bits, 4),
@@ -641,7 +648,7 @@ def _read_preset(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_preset(name: str, overrides: dict[str, Any] | None = None) -> Any:
+def load_preset(name: str, overrides: dict[str, Any] | None = None) -> QuantConfig:
     """`QuantConfig` from `configs/quant/<name>.yaml` (or a YAML path), then `overrides`.
 
     Raises:

@@ -17,9 +17,12 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import QuantConfig
 
 
 class Scheme(StrEnum):
@@ -121,7 +124,7 @@ class QuantSpec:
         return f"{self.scheme.value} {self.algorithm.value} {group}, ignore {','.join(self.ignore)}"
 
 
-def _integer(quant: Any, name: str) -> int:
+def _integer(quant: QuantConfig, name: str) -> int:
     """`quant.<name>` as an int; a string, float or bool is refused, never truncated."""
     value = getattr(quant, name)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -129,7 +132,7 @@ def _integer(quant: Any, name: str) -> int:
     return value
 
 
-def spec_from_config(quant: Any) -> QuantSpec:
+def spec_from_config(quant: QuantConfig) -> QuantSpec:
     """Check `cfg.quant` (a `QuantConfig` or anything with its fields) and freeze it.
 
     Raises:

@@ -109,7 +109,7 @@ def test_logits_match_transformers(imported: Any) -> None:
 def test_export_round_trip_is_bit_exact(imported: Any, tmp_path: Path) -> None:
     import torch
 
-    from llmctl.quant.export import export_run
+    from llmctl.hf.export import export_run
 
     family, src, out, _ = imported
     result = export_run(out, tmp_path / "hf")
@@ -274,7 +274,7 @@ def test_bf16_source_round_trips_and_loads_into_fp32(tmp_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from llmctl.quant.export import export_run
+    from llmctl.hf.export import export_run
 
     src32 = make_model("qwen2", tmp_path / "hf32")
     src = tmp_path / "hf16"

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.errors import UserError
+from llmctl.hf.export import export_run
 from llmctl.progress import Phase, Progress
 from llmctl.quant.calibration import open_tokens
-from llmctl.quant.export import export_run
 
 pytestmark = pytest.mark.slow
 
@@ -256,8 +256,8 @@ def test_export_progress_is_per_tensor_and_per_shard(run: dict, tmp_path: Path) 
     the total (so the ETA follows the bytes); a small shard limit gives several shards."""
     from megatron.core import dist_checkpointing
 
-    from llmctl.quant.export import MIB, _one_rank_group, export_hf, find_run_checkpoint
-    from llmctl.quant.hfdir import read_tensors
+    from llmctl.hf.export import MIB, _one_rank_group, export_hf, find_run_checkpoint
+    from llmctl.hf.modeldir import read_tensors
 
     ckpt = find_run_checkpoint(run["run"], None, None)  # type: ignore[arg-type]
     with _one_rank_group():

@@ -20,8 +20,8 @@ pytest.importorskip("transformers")
 
 from quant_support import FFN, HIDDEN, SEQ, VOCAB, build_data, megatron_logits
 
+from llmctl.hf.export import export_run
 from llmctl.quant.calibration import open_tokens
-from llmctl.quant.export import export_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 REPO = Path(__file__).resolve().parents[2]

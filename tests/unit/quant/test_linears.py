@@ -1,21 +1,20 @@
-"""Reading safetensors headers and model directories without loading tensors."""
+"""The Linears of a model directory and the bits per weight of an output, from headers only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from llmctl.errors import UserError
-from llmctl.quant import hfdir
+from llmctl.hf import modeldir
+from llmctl.quant.linears import linear_shapes, quantized_bits_per_weight
 
 
 def test_headers_give_linear_shapes_and_sizes(hf_dir: Path) -> None:
-    tensors = hfdir.read_tensors(hf_dir)
+    tensors = modeldir.read_tensors(hf_dir)
     assert tensors["lm_head.weight"].shape == (300, 128)
     assert tensors["lm_head.weight"].num_bytes == 300 * 128 * 4
-    linears = hfdir.linear_shapes(tensors)
+    linears = linear_shapes(tensors)
     assert linears["model.layers.0.mlp.down_proj"] == (128, 256)
     assert "model.embed_tokens" not in linears and "model.norm" not in linears
     assert set(linears) == {
@@ -23,7 +22,7 @@ def test_headers_give_linear_shapes_and_sizes(hf_dir: Path) -> None:
         *(f"model.layers.0.self_attn.{p}_proj" for p in "qkvo"),
         *(f"model.layers.0.mlp.{p}_proj" for p in ("gate", "up", "down")),
     }
-    assert hfdir.tokenizer_vocab_size(hf_dir) <= 300
+    assert modeldir.tokenizer_vocab_size(hf_dir) <= 300
 
 
 def test_bits_per_weight_of_a_compressed_layout(tmp_path: Path) -> None:
@@ -39,15 +38,5 @@ def test_bits_per_weight_of_a_compressed_layout(tmp_path: Path) -> None:
         },
         str(tmp_path / "model.safetensors"),
     )
-    bits, count = hfdir.quantized_bits_per_weight(hfdir.read_tensors(tmp_path), 4)
+    bits, count = quantized_bits_per_weight(modeldir.read_tensors(tmp_path), 4)
     assert (bits, count) == (4.125, 1)
-
-
-def test_not_a_model_directory(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"no config\.json"):
-        hfdir.read_config(tmp_path)
-    with pytest.raises(UserError, match=r"no \*\.safetensors"):
-        hfdir.read_tensors(tmp_path)
-    (tmp_path / "bad.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{nope")
-    with pytest.raises(UserError, match="not a safetensors file"):
-        hfdir.read_tensors(tmp_path)

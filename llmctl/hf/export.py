@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
+from llmctl.hf.config import architecture_of, hf_config_dict
+from llmctl.hf.mapping import FAMILIES, head_dim, heads_of, megatron_to_hf, split_qkv
 from llmctl.progress import NO_PROGRESS, Progress, third_party_output_to
 from llmctl.run.ckpt_safe import weights_only_loads
 from llmctl.staging import check_out
@@ -173,7 +175,7 @@ def _check_gpt2_shapes(model: ModelConfig) -> None:
             f"{model.num_query_groups} != num_attention_heads={model.num_attention_heads}): "
             "GPT2LMHeadModel has multi-head attention only; no Hugging Face export"
         )
-    if _head_dim(model) * model.num_attention_heads != model.hidden_size:
+    if head_dim(model) * model.num_attention_heads != model.hidden_size:
         raise UserError(
             f"model {model.name}: kv_channels*heads != hidden_size, which GPT2LMHeadModel "
             "cannot express; no Hugging Face export"
@@ -197,59 +199,13 @@ def check_exportable(model: ModelConfig) -> str:
             _check_gpt2_shapes(model)
             return arch
         if have == fields:
-            from llmctl.hf.config import architecture_of
-
-            return architecture_of(model)  # Llama, Mistral, Qwen2 or Mixtral (llmctl.hf)
+            return architecture_of(model)  # Llama, Mistral, Qwen2 or Mixtral
     got = ", ".join(f"{k}={v}" for k, v in have.items())
     raise UserError(
         f"model {model.name} has {got}: no Hugging Face architecture matches this mix; llmctl "
         "exports Llama-style (rmsnorm, swiglu, rope) and GPT-style (layernorm, gelu, "
         "learned_absolute) models"
     )
-
-
-def hf_architecture(model: ModelConfig) -> str:
-    """The Hugging Face class the export writes."""
-    return check_exportable(model)
-
-
-def _head_dim(model: ModelConfig) -> int:
-    return int(model.kv_channels or model.hidden_size // model.num_attention_heads)
-
-
-def hf_linear_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Module name -> (out, in) of every Linear the export will contain (for pre-checks)."""
-    h, d = model.hidden_size, _head_dim(model)
-    q, kv = model.num_attention_heads * d, model.num_query_groups * d
-    shapes: dict[str, tuple[int, int]] = {}
-    for i in range(model.num_layers):
-        p = f"model.layers.{i}"
-        shapes |= {
-            f"{p}.self_attn.q_proj": (q, h),
-            f"{p}.self_attn.k_proj": (kv, h),
-            f"{p}.self_attn.v_proj": (kv, h),
-            f"{p}.self_attn.o_proj": (h, q),
-        }
-        shapes |= _mlp_linear_shapes(model, p)
-    if not model.tied_embeddings:
-        shapes["lm_head"] = (model.vocab_size, h)
-    return shapes
-
-
-def _mlp_linear_shapes(model: ModelConfig, prefix: str) -> dict[str, tuple[int, int]]:
-    """The MLP Linears of one layer: gate/up/down, or each Mixtral expert's w1/w3/w2 (the
-    router is not a Linear in transformers and is never quantized)."""
-    h = model.hidden_size
-    if not model.num_experts:
-        f = model.ffn_hidden_size
-        names = {"gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f)}
-        return {f"{prefix}.mlp.{n}": shape for n, shape in names.items()}
-    f = model.moe_ffn_hidden_size or model.ffn_hidden_size
-    out: dict[str, tuple[int, int]] = {}
-    for e in range(model.num_experts):
-        x = f"{prefix}.block_sparse_moe.experts.{e}"
-        out |= {f"{x}.w1": (f, h), f"{x}.w3": (f, h), f"{x}.w2": (h, f)}
-    return out
 
 
 @contextmanager
@@ -338,23 +294,12 @@ def _layer_tensors(state: dict[str, Any], num_layers: int) -> list[dict[str, Any
     return layers
 
 
-def split_qkv(qkv: Any, model: ModelConfig) -> tuple[Any, Any, Any]:
-    """Split megatron's group-interleaved fused QKV (weight or bias) into Q, K, V."""
-    from llmctl.hf.mapping import Heads
-    from llmctl.hf.mapping import split_qkv as split
-
-    return split(qkv, Heads(model.num_attention_heads, model.num_query_groups, _head_dim(model)))
-
-
 def megatron_to_hf_llama(state: dict[str, Any], model: ModelConfig) -> dict[str, Any]:
     """Hugging Face state dict of a Llama-style family (`llmctl.hf.mapping`, shared with import).
 
     Raises:
         UserError: A tensor with no counterpart in the family, or one it needs that is missing.
     """
-    from llmctl.hf.config import architecture_of
-    from llmctl.hf.mapping import FAMILIES, megatron_to_hf
-
     arch = architecture_of(model)
     try:
         return megatron_to_hf(state, FAMILIES[arch], model)
@@ -387,7 +332,7 @@ def _convert_gpt2_layer(i: int, tensors: dict[str, Any], model: ModelConfig) -> 
     p, out = f"transformer.h.{i}.", dict[str, Any]()
     for suffix, tensor in tensors.items():
         if suffix in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
-            fused = torch.cat(split_qkv(tensor, model), dim=0)
+            fused = torch.cat(split_qkv(tensor, heads_of(model)), dim=0)
             kind = suffix.rsplit(".", 1)[-1]
             out[f"{p}attn.c_attn.{kind}"] = fused.t() if kind == "weight" else fused
         elif suffix in _GPT2_RENAMES:
@@ -454,8 +399,6 @@ _NOISE_KEYS = {
 
 def llama_config(model: ModelConfig, dtype: str, eos_id: int | None) -> dict[str, Any]:
     """config.json of a Llama-style family (Llama, Mistral, Qwen2, Mixtral), via transformers."""
-    from llmctl.hf.config import hf_config_dict
-
     return hf_config_dict(model, eos_id, dtype)
 
 

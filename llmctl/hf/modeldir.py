@@ -1,9 +1,10 @@
 """Read a Hugging Face model directory without loading it: config, tensor shapes, sizes.
 
-Pure Python (stdlib only). A safetensors file starts with an 8-byte little-endian header length
-and a JSON header mapping each tensor name to its dtype, shape and byte range, so every check
-that runs before the heavy work (architecture, Linear shapes for group-size divisibility,
-vocabulary size, bits per weight of an output) reads only those headers.
+Pure Python (stdlib only; `tokenizer_vocab_size` imports `tokenizers`). A safetensors file
+starts with an 8-byte little-endian header length and a JSON header mapping each tensor name to
+its dtype, shape and byte range, so every check that runs before the heavy work (architecture,
+Linear shapes for group-size divisibility, vocabulary size, bits per weight of an output) reads
+only those headers.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ TOKENIZER_FILES: tuple[str, ...] = (
     "special_tokens_map.json",
     "tokenizer.model",
 )
-# Parts of a parameter name that mark a 2-D weight as something other than a Linear.
-_NOT_LINEAR = ("embed", "norm", "wte", "wpe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,31 +91,9 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return data
 
 
-def linear_shapes(tensors: dict[str, TensorInfo]) -> dict[str, tuple[int, int]]:
-    """Module name -> (out_features, in_features) of every Linear weight in a dense checkpoint.
-
-    A Linear is a 2-D `<module>.weight` that is not an embedding, a norm or a MoE router
-    (transformers' routers are not `nn.Linear`, so compressed-tensors never quantizes them).
-    """
-    out = {}
-    for name, info in tensors.items():
-        if not name.endswith(".weight") or len(info.shape) != 2:
-            continue
-        module = name[: -len(".weight")]
-        if any(part in module for part in _NOT_LINEAR) or module.endswith(".gate"):
-            continue  # embeddings, norms, MoE routers (`block_sparse_moe.gate`)
-        out[module] = (int(info.shape[0]), int(info.shape[1]))
-    return out
-
-
 def dir_size_bytes(path: Path) -> int:
     """Bytes of the weight files (`*.safetensors`) of a model directory."""
     return sum(p.stat().st_size for p in path.glob("*.safetensors"))
-
-
-def has_tokenizer(model_dir: Path) -> bool:
-    """Whether the directory carries a `tokenizer.json` or a SentencePiece model."""
-    return (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer.model").is_file()
 
 
 def tokenizer_vocab_size(model_dir: Path) -> int:
@@ -127,42 +104,3 @@ def tokenizer_vocab_size(model_dir: Path) -> int:
     if not path.is_file():
         raise UserError(f"{model_dir} has no tokenizer.json (needed to check calibration data)")
     return int(Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True))
-
-
-_AUX_SUFFIXES = ("weight_scale", "weight_zero_point", "weight_global_scale")
-
-
-def quantized_bits_per_weight(
-    tensors: dict[str, TensorInfo], packed_num_bits: int = 4
-) -> tuple[float, int]:
-    """Achieved bits per weight over the compressed Linears of a compressed-tensors checkpoint.
-
-    Counts the stored weight (`weight_packed`, `packed_num_bits` values per int32, or the 8-bit
-    `weight`) plus its scales and zero points, divided by the number of original weights.
-    `weight_shape` (two int64 values of metadata) and `weight_g_idx` (activation-order
-    permutation, absent for the static order llmctl uses) are not weight storage.
-
-    Returns:
-        (bits per weight, number of quantized Linears).
-    """
-    total_bits = total_weights = count = 0
-    for name in tensors:
-        if not name.endswith(".weight_scale"):
-            continue
-        module = name[: -len(".weight_scale")]
-        packed = tensors.get(f"{module}.weight_packed")
-        stored = packed if packed is not None else tensors.get(f"{module}.weight")
-        if stored is None:
-            continue
-        num_weights = 1
-        for d in stored.shape:
-            num_weights *= d
-        if packed is not None:
-            num_weights *= 32 // packed_num_bits
-        aux = sum(
-            tensors[f"{module}.{s}"].num_bytes for s in _AUX_SUFFIXES if f"{module}.{s}" in tensors
-        )
-        total_bits += (stored.num_bytes + aux) * 8
-        total_weights += num_weights
-        count += 1
-    return (total_bits / total_weights if total_weights else 0.0), count
