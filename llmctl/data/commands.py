@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.data.choices import Launcher
-from llmctl.data.outputs import (
-    OutputLock,
+from llmctl.data.outputs import OutputLock
+from llmctl.errors import UserError
+from llmctl.staging import (
     check_collisions,
     check_dir_target,
     check_file_targets,
     commit_dir,
     make_parent,
     new_stage,
+    not_ours_error,
 )
-from llmctl.errors import UserError
-from llmctl.staging import not_ours_error
 
 if TYPE_CHECKING:
     from llmctl.data.dedup import DedupConfig

@@ -243,7 +243,7 @@ def discover(paths: list[str | Path]) -> list[Path]:
     Raises:
         UserError: a path does not exist or a folder holds no files.
     """
-    from llmctl.data.outputs import metadata_files
+    from llmctl.staging import metadata_files
 
     files: list[Path] = []
     for p in map(Path, paths):

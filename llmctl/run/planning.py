@@ -417,19 +417,11 @@ def save_calibrated(path: str | Path, text: str, force: bool = False) -> Path:
     Raises:
         UserError: see `check_calibrated_out`; or the file cannot be written.
     """
-    import os
+    from llmctl.staging import write_text_whole
 
     check_calibrated_out(path, force)
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.llmctl-partial-{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {out}: {exc.strerror}") from None
-    return out
+    write_text_whole(Path(path), text)
+    return Path(path)
 
 
 def plan_config(
