@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import resource
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from llmctl.config.values import enum_value as _v
+from llmctl.memory import peak_rss_bytes
 from llmctl.run.layout import TrainLayout, resolve_layout
 from llmctl.run.metrics import (
     MetricsLog,
@@ -50,7 +50,7 @@ def _mem_gib(on_gpu: bool) -> float | None:
 
         free, total = torch.cuda.mem_get_info()
         return float(total - free) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return peak_rss_bytes() / 2**30
 
 
 def predicted_from_plan(plan: dict[str, Any] | None) -> dict[str, float | None]:
