@@ -13,6 +13,7 @@ from typing import Any
 
 from llmctl.config.schema import (
     Activation,
+    ModelConfig,
     ModelFamily,
     Norm,
     PositionEmbedding,
@@ -43,8 +44,12 @@ from llmctl.plan.perf import loss_layers_moved
 
 
 def model_spec(cfg: RootConfig) -> ModelSpec:
+    """Frozen model shape of `cfg.model` (`model_shape`)."""
+    return model_shape(cfg.model)
+
+
+def model_shape(m: ModelConfig) -> ModelSpec:
     """Frozen model shape; GPT-family models train with dropout (Korthikanti et al. 2022)."""
-    m = cfg.model
     learned = m.position_embedding == PositionEmbedding.learned_absolute
     return ModelSpec(
         name=m.name,
