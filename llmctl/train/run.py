@@ -55,21 +55,9 @@ def _mem_gib(on_gpu: bool) -> float | None:
 
 def predicted_from_plan(plan: dict[str, Any] | None) -> dict[str, float | None]:
     """Predicted step time, tokens/s and peak memory from a plan.json dict (None if absent)."""
-    keys = {
-        "step_s": ("step_time_s", "predicted_step_s"),
-        "peak_mem_gib": ("peak_mem_gib", "peak_memory_gib", "predicted_peak_mem_gib"),
-        "tokens_per_s": ("tokens_per_s", "predicted_tokens_per_s"),
-    }
-    sources = [plan or {}]
-    for k in ("chosen", "best", "prediction", "estimate"):
-        if isinstance((plan or {}).get(k), dict):
-            sources.insert(0, plan[k])  # type: ignore[index]
-    out: dict[str, float | None] = {}
-    for name, candidates in keys.items():
-        out[name] = next(
-            (float(s[c]) for s in sources for c in candidates if s.get(c) is not None), None
-        )
-    return out
+    keys = {"step_s": "step_time_s", "peak_mem_gib": "peak_mem_gib", "tokens_per_s": "tokens_per_s"}
+    values = plan or {}
+    return {name: None if values.get(k) is None else float(values[k]) for name, k in keys.items()}
 
 
 class _Observer:
