@@ -82,9 +82,9 @@ def _render(result: dict[str, Any], as_json: bool, title: str) -> None:
 
 
 def _progress(label: str, as_json: bool) -> Any:
-    from llmctl.data.progress import Progress
+    from llmctl.progress import ByteProgress
 
-    return Progress(label, enabled=not as_json)
+    return ByteProgress(label, enabled=not as_json)
 
 
 @app.command("preprocess")

@@ -8,6 +8,10 @@ parameter of the command being run (importing pydantic on the way).
   imports a command's module only when that command is resolved: to run it, to print its
   own `--help`, or to complete its arguments. `llmctl --help` and command-name completion read
   the table (tests/unit/cli/test_cli_lazy.py checks it against the real commands).
+- `LazyGroup` is also where a `UserError` meets Typer: run in standalone mode (the default of
+  `typer.testing.CliRunner`), it is shown as Typer shows a Click error, `Error: <message>`
+  with the error's exit code; otherwise (the console script, `standalone_mode=False`) it is
+  raised as it is, and `llmctl.cli.main.main` prints it.
 - `fast_coercion` gives each parameter of a loaded command a coercion that handles the plain
   cases (str, int, float, a StrEnum value, optional and list forms of those, the defaults)
   without pydantic, and hands anything else (bad values included, for typer's own error
@@ -20,15 +24,21 @@ import enum
 import importlib
 import re
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
 
 from typer.core import TyperCommand, TyperGroup
 
+from llmctl.errors import UserError
+
 try:  # Typer >= 0.2x ships a vendored Click
     from typer import _click
 except ImportError:  # pragma: no cover - older Typer uses the click package
     import click as _click  # type: ignore[no-redef]
+
+ClickException = _click.ClickException
+"""The Click exception class Typer catches (its vendored Click's, or the click package's)."""
 
 try:  # typer >= 0.2x coerces through pydantic adapters built here
     from typer._coercion import RuntimeParam, build_runtime_param
@@ -58,6 +68,7 @@ class LazyGroup(TyperGroup):
     """A TyperGroup whose commands come from `LAZY` and load on first resolution."""
 
     LAZY: tuple[LazyCommand, ...] = ()
+    _show_user_errors = False
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
@@ -77,6 +88,33 @@ class LazyGroup(TyperGroup):
         """Plain-case coercion for this group's own options too (the completion flags)."""
         fast_coercion(self, ctx, recurse=False)
         return super().parse_args(ctx, args)
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the command line; in standalone mode a `UserError` is shown as Click's."""
+        self._show_user_errors = standalone_mode
+        return super().main(
+            args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
+        )
+
+    def invoke(self, ctx: _click.Context) -> Any:
+        """Run the resolved command; a `UserError` becomes Click's exception (same message and
+        exit code) only in standalone mode, where Typer shows Click's exceptions."""
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            if not self._show_user_errors:
+                raise
+            shown = ClickException(exc.message)
+            shown.exit_code = exc.exit_code
+            raise shown from None
 
     def resolve_command(
         self, ctx: _click.Context, args: list[str]

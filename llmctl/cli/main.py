@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from llmctl import __version__
-from llmctl.cli.lazy import LazyCommand, LazyGroup
+from llmctl.cli.lazy import ClickException, LazyCommand, LazyGroup
 
 _L = LazyCommand
 COMMANDS: tuple[LazyCommand, ...] = (
@@ -86,14 +86,14 @@ def _root(
 
 def main() -> None:
     """Console entry point: a user error is one line on stderr and exit code 2, no traceback."""
-    from llmctl.errors import UserError, _ClickException
+    from llmctl.errors import UserError
 
     try:
         code = app(standalone_mode=False)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except _ClickException as exc:  # usage errors: Click's own message and code
+    except ClickException as exc:  # usage errors: Click's own message and code
         exc.show()
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):

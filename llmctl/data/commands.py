@@ -1,7 +1,7 @@
 """One library call per `llmctl data` command: the CLI parses, calls one of these, renders.
 
-Each returns a JSON-ready dict and reports progress through a `Progress` it is given (see
-`llmctl.data.progress`), so the same functions serve scripts and the CLI.
+Each returns a JSON-ready dict and reports progress through a `ByteProgress` it is given (see
+`llmctl.progress`), so the same functions serve scripts and the CLI.
 """
 
 from __future__ import annotations
@@ -12,22 +12,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.data.choices import Launcher
-from llmctl.data.outputs import (
-    OutputLock,
+from llmctl.data.outputs import OutputLock
+from llmctl.errors import UserError
+from llmctl.staging import (
     check_collisions,
     check_dir_target,
     check_file_targets,
     commit_dir,
     make_parent,
     new_stage,
+    not_ours_error,
 )
-from llmctl.errors import UserError
-from llmctl.staging import not_ours_error
 
 if TYPE_CHECKING:
     from llmctl.data.dedup import DedupConfig
     from llmctl.data.preprocess import PreprocessConfig, ProgressUpdate
-    from llmctl.data.progress import Progress
+    from llmctl.progress import ByteProgress
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +55,7 @@ def _slurm_options(req: SlurmRequest) -> Any:
 
 def run_preprocess(
     cfg: PreprocessConfig,
-    progress: Progress,
+    progress: ByteProgress,
     launcher: Launcher = Launcher.LOCAL,
     slurm: SlurmRequest | None = None,
 ) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def run_preprocess(
 
 def run_dedup(
     cfg: DedupConfig,
-    progress: Progress,
+    progress: ByteProgress,
     launcher: Launcher = Launcher.LOCAL,
     slurm: SlurmRequest | None = None,
 ) -> dict[str, Any]:

@@ -53,11 +53,8 @@ from llmctl.data.minhash import (
 from llmctl.data.outputs import (
     Interrupted,
     OutputLock,
-    check_collisions,
-    check_dir_target,
     check_workers,
     command_line,
-    commit_dir,
     interruptible,
     resolve_workers,
     stop_code,
@@ -79,6 +76,7 @@ from llmctl.data.readers import (
 from llmctl.data.shinglesets import ShingleSets, sorted_unique
 from llmctl.data.unionfind import components
 from llmctl.errors import UserError
+from llmctl.staging import check_collisions, check_dir_target, commit_dir
 
 REPORT_NAME = "dedup_report.json"
 

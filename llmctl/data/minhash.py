@@ -488,11 +488,6 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
     return float(1.0 - (1.0 - similarity**rows) ** bands)
 
 
-def estimated_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
-    """Fraction of equal signature entries: an unbiased Jaccard estimate."""
-    return float(np.mean(sig_a == sig_b))
-
-
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Exact Jaccard similarity of two shingle-hash sets."""
     ua, ub = np.unique(a), np.unique(b)

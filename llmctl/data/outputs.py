@@ -1,18 +1,10 @@
-"""Where `llmctl data` commands write: never over a user's files, one run at a time.
+"""How `llmctl data` commands run against their outputs: one run at a time, stoppable.
 
-Rules every command follows (issue 12, finding 1 and 5):
+Where they write (never over a user's files, staged and renamed into place) is
+`llmctl.staging`. Rules here (issue 12, finding 1 and 5):
 
-- A target that exists and is not empty is refused unless `force` is set. With `force`, only
-  llmctl's own outputs are replaced: for a folder, the files its `.llmctl-outputs.json` lists
-  (written by the previous llmctl run); a file in the way that llmctl did not write is refused
-  even with `force`, and every other file in the folder is left alone.
-- Output folders are built in a staging folder beside the target (same file system) and
-  renamed into place; into an existing folder (with `force`) the staged files are renamed one
-  by one and the marker is written last.
 - One run per target: `OutputLock` holds an exclusive `flock` on `<target>.llmctl-lock`; a
   second run is refused in one line naming the holder.
-- Output locations that cannot be written (a parent that is a file, a read-only folder) are one
-  `UserError`, found before any work is done.
 - `interruptible()` turns SIGTERM into an exception like Ctrl-C, so pools are torn down and the
   caller can say what it kept (`Interrupted`, exit code 130 or 143).
 """
@@ -20,13 +12,10 @@ Rules every command follows (issue 12, finding 1 and 5):
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,9 +23,7 @@ from types import FrameType
 from typing import IO, Any
 
 from llmctl.errors import UserError
-from llmctl.staging import check_writable_parent, exists_error, not_ours_error
-
-MARKER = ".llmctl-outputs.json"
+from llmctl.staging import make_parent
 
 
 class Interrupted(UserError):
@@ -83,130 +70,6 @@ def worker_signals() -> None:
     """In a pool worker: leave Ctrl-C to the parent, die on SIGTERM (the parent's terminate)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-# ---------------------------------------------------------------- locations
-
-
-def make_parent(path: Path) -> None:
-    """Create the folders above `path`, as one `UserError` if that fails."""
-    check_writable_parent(path)
-    try:
-        path.absolute().parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create the folder of {path}: {e.strerror or e}") from None
-
-
-def check_file_targets(paths: list[Path], force: bool, what: str) -> None:
-    """Refuse existing output files unless `force`; refuse folders in their place always.
-
-    Raises:
-        UserError: a target exists (without force), is a folder, or cannot be written.
-    """
-    for p in paths:
-        check_writable_parent(p)
-        if p.is_dir():
-            raise UserError(f"{p} is a folder; {what} writes a file there")
-    existing = [p for p in paths if p.exists()]
-    if existing and not force:
-        raise exists_error(existing[0])
-
-
-def _own_files(folder: Path) -> set[str]:
-    try:
-        data = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return set()
-    files = data.get("files") if isinstance(data, dict) else None
-    return {str(f) for f in files} if isinstance(files, list) else set()
-
-
-def folder_contents(folder: Path) -> list[str]:
-    """Relative paths of the files under `folder`, sorted."""
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir())
-
-
-def check_dir_target(target: Path, force: bool, what: str) -> None:
-    """A folder target must be absent, empty, or (with force) a folder llmctl wrote into.
-
-    Raises:
-        UserError: it is a file, not empty without force, or cannot be written.
-    """
-    check_writable_parent(target)
-    if target.exists() and not target.is_dir():
-        raise UserError(f"{target} is a file; {what} writes a folder there")
-    if target.is_dir() and any(target.iterdir()) and not force:
-        raise exists_error(target)
-
-
-def new_stage(target: Path) -> Path:
-    """An empty staging folder beside `target` (same file system, hidden name)."""
-    make_parent(target)
-    parent = target.absolute().parent
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.llmctl-stage-", dir=parent))
-
-
-def commit_dir(
-    stage: Path, target: Path, command: str, metadata: tuple[str, ...] = ()
-) -> list[str]:
-    """Move a staged folder's files into `target`; return their relative paths.
-
-    An absent or empty target is replaced by the staged folder in one rename. Into a folder
-    that holds other files (allowed by the caller's `force`), files a previous llmctl run wrote
-    there are replaced or removed, the rest are kept, and a staged file whose name is taken by
-    a file llmctl did not write is refused before anything moves. The marker is written last.
-
-    Raises:
-        UserError: a staged file would replace a file llmctl did not write.
-    """
-    files = folder_contents(stage)
-    marker = {"command": command, "files": files, "metadata": list(metadata)}
-    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
-        _write_marker(stage / MARKER, marker)
-        os.replace(stage, target)
-        return files
-    check_collisions(target, files)
-    own = _own_files(target)
-    (target / MARKER).unlink(missing_ok=True)
-    for rel in sorted(own - set(files)):
-        (target / rel).unlink(missing_ok=True)
-    for rel in files:
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(stage / rel, target / rel)
-    _write_marker(target / MARKER, marker)
-    shutil.rmtree(stage, ignore_errors=True)
-    return files
-
-
-def check_collisions(target: Path, files: list[str]) -> None:
-    """Before any work: refuse if an output file would replace a file llmctl did not write.
-
-    Raises:
-        UserError: naming the first such file.
-    """
-    if not target.is_dir():
-        return
-    own = _own_files(target)
-    for rel in files:
-        dest = target / rel
-        if (dest.exists() or dest.is_symlink()) and rel not in own:
-            raise not_ours_error(dest)
-
-
-def _write_marker(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def metadata_files(folder: Path) -> set[str]:
-    """Files of an llmctl output folder that are reports, not data (e.g. dedup_report.json)."""
-    try:
-        data = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return set()
-    meta = data.get("metadata") if isinstance(data, dict) else None
-    return {str(m) for m in meta} if isinstance(meta, list) else set()
 
 
 # ---------------------------------------------------------------- lock

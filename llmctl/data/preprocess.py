@@ -36,11 +36,9 @@ from llmctl.data.manifest import commit, manifest_path, read_json, stamp, write_
 from llmctl.data.outputs import (
     Interrupted,
     OutputLock,
-    check_file_targets,
     check_workers,
     command_line,
     interruptible,
-    make_parent,
     resolve_workers,
     stop_code,
     worker_signals,
@@ -59,6 +57,7 @@ from llmctl.data.readers import (
 )
 from llmctl.data.tokenizer import Text, Tokenizer, TokenizerSpec, resolve_tokenizer
 from llmctl.errors import UserError
+from llmctl.staging import check_file_targets, make_parent
 
 
 @dataclass(kw_only=True)

@@ -35,7 +35,6 @@ ordinary way. Long JSONL lines are read in one allocation of their exact size (a
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import re
@@ -243,7 +242,7 @@ def discover(paths: list[str | Path]) -> list[Path]:
     Raises:
         UserError: a path does not exist or a folder holds no files.
     """
-    from llmctl.data.outputs import metadata_files
+    from llmctl.staging import metadata_files
 
     files: list[Path] = []
     for p in map(Path, paths):
@@ -377,20 +376,6 @@ def plan_chunks(
             chunks.append(Chunk(len(chunks), kind, path, start, end, n, compressed, line_base))
     flush()
     return chunks, scans
-
-
-def open_binary(path: str | Path) -> IO[bytes]:
-    """Open a possibly compressed file for binary reading."""
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if suffix == ".gz":
-        return gzip.open(p, "rb")  # type: ignore[return-value]
-    if suffix == ".zst":
-        import zstandard
-
-        raw = open(p, "rb")  # noqa: SIM115 (owned by the reader)
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return open(p, "rb")
 
 
 class TruncatedError(Exception):

@@ -51,7 +51,7 @@ from llmctl.data.dedup import (
 )
 from llmctl.data.manifest import read_json, write_json_atomic
 from llmctl.data.minhash import SIGNATURE_SCHEME, ShingleUnit
-from llmctl.data.outputs import OutputLock, check_collisions, check_file_targets, command_line
+from llmctl.data.outputs import OutputLock, command_line
 from llmctl.data.preprocess import (
     PreprocessConfig,
     RunPlan,
@@ -72,6 +72,7 @@ from llmctl.data.readers import (
 )
 from llmctl.data.tokenizer import Tokenizer, TokenizerSpec
 from llmctl.errors import UserError
+from llmctl.staging import check_collisions, check_file_targets
 
 ARRAY_SCRIPT = "dedup_signatures.sbatch"
 FINAL_SCRIPT = "dedup_cluster.sbatch"

@@ -213,7 +213,7 @@ def convert(
     on_progress: Callable[[int, int], None] | None,
 ) -> tuple[int, int]:
     """Build, fill and save; returns (RSS before the model was allocated, parameter count)."""
-    from llmctl.hf.rss import rss_bytes
+    from llmctl.memory import rss_bytes
 
     with one_rank_megatron() as layout:
         base = rss_bytes()

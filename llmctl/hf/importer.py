@@ -35,7 +35,7 @@ from llmctl.errors import UserError
 from llmctl.hf import mapping as M
 from llmctl.hf.config import family_of, load_hf_config, model_fields
 from llmctl.hf.modeldir import TensorInfo, read_safetensors_header
-from llmctl.hf.rss import peak_rss_bytes as _peak_rss_bytes
+from llmctl.memory import peak_rss_bytes as _peak_rss_bytes
 from llmctl.progress import third_party_output_to
 from llmctl.staging import check_out, publish
 

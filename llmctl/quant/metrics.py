@@ -1,4 +1,4 @@
-"""Perplexity on held-out tokens, and the peak resident memory of a phase.
+"""Perplexity on held-out tokens (the peak memory of a phase: `llmctl.memory.PeakRss`).
 
 Why perplexity is computed this way: the held-out stream is cut into non-overlapping windows of
 `seq_len` tokens; each window is scored on its own (no carried context), and perplexity is
@@ -6,15 +6,11 @@ exp(total negative log-likelihood / number of predicted tokens), i.e. seq_len - 
 per window. Both the source and the quantized model are scored in fp32 compute with the same
 windows, so the difference between the two figures is the quantization error alone (the
 quantized weights, decompressed by transformers, are exact in fp32).
-
-Peak memory is the largest RSS of this process seen by a 20 ms sampler while a phase runs (the
-kernel's own high-water mark, ru_maxrss, cannot be reset between phases).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -65,37 +61,3 @@ def perplexity(
             if on_batch is not None:
                 on_batch()
     return math.exp(nll / count)
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process now."""
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
-
-
-class PeakRss:
-    """Context manager sampling this process's RSS; `peak_bytes` holds the maximum seen."""
-
-    def __init__(self, interval_s: float = 0.02) -> None:
-        self.interval_s = interval_s
-        self.peak_bytes = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_bytes = max(self.peak_bytes, rss_bytes())
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> PeakRss:
-        self.peak_bytes = rss_bytes()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.peak_bytes = max(self.peak_bytes, rss_bytes())

@@ -513,7 +513,7 @@ def _quantize_into(
 
 
 def _run_steps(plan: QuantPlan, staging: Path, progress: Progress) -> QuantReport:
-    from llmctl.quant.metrics import PeakRss
+    from llmctl.memory import PeakRss
 
     req, phases, t0 = plan.request, _Phases(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".llmctl-export-", dir=req.out.parent) as work:

@@ -12,9 +12,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<eod>", "<|end_of_text|>")
 
@@ -33,7 +36,7 @@ class DataSpec:
     """The prefixes are packed SFT datasets (`llmctl data sft`)."""
 
 
-def default_cache_dir(cfg: Any) -> Path:
+def default_cache_dir(cfg: RootConfig) -> Path:
     """`data.cache_dir`, or ~/.cache/llmctl/demo."""
     if cfg.data.cache_dir:
         return Path(cfg.data.cache_dir).expanduser()
@@ -107,7 +110,7 @@ def tokenizer_info(path: str) -> tuple[int, int]:
     return tok.get_vocab_size(with_added_tokens=True), eod
 
 
-def _demo_data(cfg: Any) -> str:
+def _demo_data(cfg: RootConfig) -> str:
     """Build (or reuse) the demo corpus under the cache directory; returns its prefix."""
     from llmctl.data.demo import prepare_demo_data
 
@@ -144,7 +147,7 @@ def _tokenizer_facts(
     return tok.get("path"), int(tok["vocab_size"]), int(tok.get("eod", 0))
 
 
-def resolve_data(cfg: Any) -> DataSpec:
+def resolve_data(cfg: RootConfig) -> DataSpec:
     """Check the data config and return what the ranks need. Runs before processes start.
 
     Raises:
@@ -179,27 +182,27 @@ def resolve_data(cfg: Any) -> DataSpec:
     )
 
 
-def check_sft_wanted(cfg: Any) -> None:
+def check_sft_wanted(cfg: RootConfig) -> None:
     """`data.sft=true` (recipe tiny_cpu_sft) needs explicit data.prefixes: the demo corpus is
     pretraining text, on which SFT would silently train every token.
 
     Raises:
         UserError: data.sft=true with empty data.prefixes.
     """
-    if getattr(cfg.data, "sft", None) is True and not cfg.data.prefixes:
+    if cfg.data.sft is True and not cfg.data.prefixes:
         raise UserError(
             "data.sft=true needs data.prefixes: SFT packs from `llmctl data sft` (the demo "
             "corpus is pretraining data); or pass data.sft=null to train on every token"
         )
 
 
-def _check_sft(cfg: Any, prefixes: list[str]) -> bool:
+def _check_sft(cfg: RootConfig, prefixes: list[str]) -> bool:
     """Whether the prefixes are SFT packs; checks them against `data.sft`, their companions
     and their sequence length."""
     from llmctl.data.sft import output_prefixes, packed_seq_length
 
     seq = packed_seq_length(prefixes)
-    wanted = getattr(cfg.data, "sft", None)
+    wanted = cfg.data.sft
     if seq is None and wanted is True:
         raise UserError(
             f"data.sft=true but data prefix {prefixes[0]} is not an SFT pack (no sft-packed "

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.run import ckpt_store as store
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import ModelConfig
 
 HF_PREFIX = "hf:"
 IMPORT_SUBDIR = "init_from"
@@ -34,7 +37,7 @@ def checkpoint_dir(source: Path) -> Path:
     return root / store.iter_name(latest if latest in steps else steps[-1])
 
 
-def check_same_model(saved: dict[str, Any], model: Any, where: Path) -> None:
+def check_same_model(saved: dict[str, Any], model: ModelConfig, where: Path) -> None:
     """Every architecture field the checkpoint records equals the run's.
 
     Raises:
@@ -50,7 +53,7 @@ def check_same_model(saved: dict[str, Any], model: Any, where: Path) -> None:
             )
 
 
-def check_checkpoint_source(spec: str, model: Any) -> str:
+def check_checkpoint_source(spec: str, model: ModelConfig) -> str:
     """A checkpoint source (not `hf:`) exists, is committed and holds `model`.
 
     Returns:

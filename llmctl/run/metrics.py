@@ -1,11 +1,12 @@
 """Throughput, FLOPs and MFU accounting, the metrics JSONL file and the perf report.
 
-Why these formulas: model FLOPs per token follow the PaLM convention used by most MFU reports,
-`6 * N_matmul + 12 * L * s * d_attn` for a training step (forward 2 FLOPs per multiply-add,
-backward twice the forward), where `N_matmul` counts the weights every token multiplies through
-(attention projections, MLP, and the logits layer; not the embedding lookup) and the second term
-is attention scores and values over the full sequence (causal masking is not discounted, matching
-Megatron-LM's and PaLM's reporting). Recomputation is not counted: MFU measures useful work.
+Why these formulas: model FLOPs per token are the planner's (`llmctl.plan.flops.token_flops`)
+with the non-causal attention convention used by most MFU reports (PaLM, Megatron-LM's
+reporting): `6 * N_matmul + 12 * L * s * d_attn` for a training step (forward 2 FLOPs per
+multiply-add, backward twice the forward), where `N_matmul` counts the weights every token
+multiplies through (attention projections, MLP, and the logits layer; not the embedding lookup)
+and the second term is attention scores and values over the full sequence (causal masking is
+not discounted). Recomputation is not counted: MFU measures useful work.
 MFU = achieved model FLOP/s per device / the device's dense peak for the compute dtype
 (`cluster.peak_tflops`). Pure Python (no torch) so it is unit-tested directly.
 """
@@ -30,18 +31,11 @@ WANDB_ID_FILE = "wandb_run_id"
 
 
 def flops_per_token(model: ModelConfig) -> float:
-    """Training FLOPs per token (PaLM/Megatron convention, see module docstring)."""
-    h, f, v = model.hidden_size, model.ffn_hidden_size, model.vocab_size
-    head_dim = model.kv_channels or h // model.num_attention_heads
-    q = model.num_attention_heads * head_dim
-    kv = 2 * model.num_query_groups * head_dim
-    mats = 3 if _v(model.activation) == "swiglu" else 2
-    ffn = model.moe_ffn_hidden_size or f if model.num_experts else f
-    active_experts = model.moe_router_topk if model.num_experts else 1
-    per_layer = h * (q + kv) + q * h + mats * h * ffn * active_experts
-    n_matmul = model.num_layers * per_layer + v * h
-    attention = 12 * model.num_layers * model.seq_length * q
-    return float(6.0 * n_matmul + attention)
+    """Training model FLOPs per token (the planner's, non-causal; see the module docstring)."""
+    from llmctl.plan.flops import token_flops
+    from llmctl.run.planning import model_shape
+
+    return token_flops(model_shape(model), causal=False).total
 
 
 def sched_ns() -> tuple[int, int] | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from llmctl.config.schema import (
     Activation,
+    ModelConfig,
     ModelFamily,
     Norm,
     PositionEmbedding,
@@ -43,8 +44,12 @@ from llmctl.plan.perf import loss_layers_moved
 
 
 def model_spec(cfg: RootConfig) -> ModelSpec:
+    """Frozen model shape of `cfg.model` (`model_shape`)."""
+    return model_shape(cfg.model)
+
+
+def model_shape(m: ModelConfig) -> ModelSpec:
     """Frozen model shape; GPT-family models train with dropout (Korthikanti et al. 2022)."""
-    m = cfg.model
     learned = m.position_embedding == PositionEmbedding.learned_absolute
     return ModelSpec(
         name=m.name,
@@ -417,19 +422,11 @@ def save_calibrated(path: str | Path, text: str, force: bool = False) -> Path:
     Raises:
         UserError: see `check_calibrated_out`; or the file cannot be written.
     """
-    import os
+    from llmctl.staging import write_text_whole
 
     check_calibrated_out(path, force)
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.llmctl-partial-{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {out}: {exc.strerror}") from None
-    return out
+    write_text_whole(Path(path), text)
+    return Path(path)
 
 
 def plan_config(

@@ -11,9 +11,12 @@ a `UserError` before any process starts, never a silent fallback to fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import PrecisionConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,11 +55,11 @@ RECIPES: dict[str, PrecisionRecipe] = {
 }
 
 
-def _value(x: Any) -> str:
+def _value(x: object) -> str:
     return str(getattr(x, "value", x))
 
 
-def recipe_for(precision: Any) -> PrecisionRecipe:
+def recipe_for(precision: PrecisionConfig) -> PrecisionRecipe:
     """Look up the recipe of a `PrecisionConfig`, by its compute dtype and FP8 recipe.
 
     Raises:
@@ -70,7 +73,7 @@ def recipe_for(precision: Any) -> PrecisionRecipe:
     return RECIPES[name]
 
 
-def check_precision(precision: Any, *, has_cuda: bool, has_te: bool) -> PrecisionRecipe:
+def check_precision(precision: PrecisionConfig, *, has_cuda: bool, has_te: bool) -> PrecisionRecipe:
     """Check that this machine can run the precision recipe.
 
     Args:
@@ -93,7 +96,7 @@ def check_precision(precision: Any, *, has_cuda: bool, has_te: bool) -> Precisio
         raise UserError(
             f"precision={recipe.name} needs Transformer Engine: pip install 'llmctl[gpu]'"
         )
-    asked = _value(getattr(precision, "attention_backend", "auto"))
+    asked = _value(precision.attention_backend)
     if asked in ("flash", "fused") and not has_te:
         raise UserError(
             f"precision.attention_backend={asked} needs a CUDA GPU with Transformer Engine; "
@@ -103,7 +106,7 @@ def check_precision(precision: Any, *, has_cuda: bool, has_te: bool) -> Precisio
     return recipe
 
 
-def megatron_attention_backend(precision: Any, *, use_te: bool) -> str:
+def megatron_attention_backend(precision: PrecisionConfig, *, use_te: bool) -> str:
     """megatron-core's `AttnBackend` name for `precision.attention_backend`.
 
     Why: without Transformer Engine the layer spec is megatron's local one, whose core
@@ -113,10 +116,12 @@ def megatron_attention_backend(precision: Any, *, use_te: bool) -> str:
     """
     if not use_te:
         return "local"
-    return _value(getattr(precision, "attention_backend", "auto"))
+    return _value(precision.attention_backend)
 
 
-def megatron_precision_kwargs(precision: Any, recipe: PrecisionRecipe) -> dict[str, Any]:
+def megatron_precision_kwargs(
+    precision: PrecisionConfig, recipe: PrecisionRecipe
+) -> dict[str, Any]:
     """TransformerConfig keyword arguments for a recipe (params_dtype, bf16/fp16, fp8)."""
     import torch
 

@@ -8,13 +8,16 @@ unreadable data prefix, a tokenizer larger than the model's vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.run.data import DataSpec, resolve_data
 from llmctl.run.layout import TrainLayout, resolve_layout
 from llmctl.run.planning import loss_balanced_stage_layers
 from llmctl.run.precision import PrecisionRecipe, check_precision
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +30,7 @@ class Preflight:
 
 
 def preflight(
-    cfg: Any, world_size: int | None = None, planned: dict[str, Any] | None = None
+    cfg: RootConfig, world_size: int | None = None, planned: dict[str, Any] | None = None
 ) -> Preflight:
     """Check a run before launch; builds the demo corpus if the data config asks for it.
 
@@ -47,7 +50,7 @@ def preflight(
     return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))
 
 
-def _check_moe(cfg: Any, layout: TrainLayout, on_gpu: bool) -> None:
+def _check_moe(cfg: RootConfig, layout: TrainLayout, on_gpu: bool) -> None:
     """MoE settings megatron-core refuses only after launch: the all-to-all overlap needs CUDA
     streams; its MoELayer refuses to train with TP > 1 without sequence parallelism (which
     llmctl's CPU layer does not run)."""

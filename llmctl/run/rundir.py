@@ -19,9 +19,12 @@ import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -46,7 +49,7 @@ def require_run_dir(path: str | Path) -> Path:
     return run_dir.resolve()
 
 
-def absolute_paths(cfg: Any) -> None:
+def absolute_paths(cfg: RootConfig) -> None:
     """Make the file paths of a config absolute (relative ones are taken from the cwd).
 
     Called when a run is created, so its config.yaml works from any directory and after the
@@ -58,7 +61,7 @@ def absolute_paths(cfg: Any) -> None:
     def fix(value: str | None) -> str | None:
         return None if not value else os.path.abspath(os.path.expanduser(value))
 
-    cfg.data.prefixes = [fix(p) for p in cfg.data.prefixes]
+    cfg.data.prefixes = [fix(p) or p for p in cfg.data.prefixes]
     cfg.data.tokenizer = fix(cfg.data.tokenizer) or _manifest_tokenizer(cfg.data.prefixes)
     cfg.data.cache_dir = fix(cfg.data.cache_dir)
     cfg.launcher.hostfile = fix(cfg.launcher.hostfile)
@@ -88,7 +91,7 @@ def default_run_dir(recipe: str, now: datetime | None = None, root: Path = Path(
     return root / f"{recipe or 'run'}-{stamp}"
 
 
-def create_run_dir(cfg: Any, plan: dict[str, Any] | None) -> Path:
+def create_run_dir(cfg: RootConfig, plan: dict[str, Any] | None) -> Path:
     """Create the run directory and write config.yaml and plan.json into it.
 
     Args:

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -136,7 +137,7 @@ class PreemptNotice:
             signal.signal(sig, old)
         self._old.clear()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         del frame
         if self.signum is None:
             log.warning("received %s: checkpointing after this step", signal.Signals(signum).name)

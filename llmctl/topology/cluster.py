@@ -253,9 +253,9 @@ def save_cluster(topology: Topology, path: str | Path, gpu: str | None = None) -
     Raises:
         UserError: `gpu` is not a known GPU, or the file cannot be written.
     """
-    import os
-
     import yaml
+
+    from llmctl.staging import write_text_whole
 
     if gpu is not None and match_gpu(gpu) is None:
         keys = ", ".join(g.key for g in KNOWN_GPUS)
@@ -266,13 +266,5 @@ def save_cluster(topology: Topology, path: str | Path, gpu: str | None = None) -
     header = [f"{_HEADER} from {topology.source}."]
     header += [f"# warning: {w}" for w in warnings]
     body = yaml.safe_dump(desc, sort_keys=False, default_flow_style=None)
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.llmctl-partial-{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text("\n".join(header) + "\n" + body)
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {out}: {exc.strerror}") from None
+    write_text_whole(Path(path), "\n".join(header) + "\n" + body)
     return warnings

@@ -26,11 +26,6 @@ class DistEnv:
     on_gpu: bool
 
 
-def world_size_from_env() -> int:
-    """World size set by torchrun/SLURM, 1 for a plain process."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def init_distributed(timeout_minutes: int = 30) -> DistEnv:
     """Start `torch.distributed` (once per process) and install the CPU layer when needed."""
     import datetime

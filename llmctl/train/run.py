@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import resource
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from llmctl.config.values import enum_value as _v
+from llmctl.memory import peak_rss_bytes
 from llmctl.run.layout import TrainLayout, resolve_layout
 from llmctl.run.metrics import (
     MetricsLog,
@@ -50,26 +50,14 @@ def _mem_gib(on_gpu: bool) -> float | None:
 
         free, total = torch.cuda.mem_get_info()
         return float(total - free) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return peak_rss_bytes() / 2**30
 
 
 def predicted_from_plan(plan: dict[str, Any] | None) -> dict[str, float | None]:
     """Predicted step time, tokens/s and peak memory from a plan.json dict (None if absent)."""
-    keys = {
-        "step_s": ("step_time_s", "predicted_step_s"),
-        "peak_mem_gib": ("peak_mem_gib", "peak_memory_gib", "predicted_peak_mem_gib"),
-        "tokens_per_s": ("tokens_per_s", "predicted_tokens_per_s"),
-    }
-    sources = [plan or {}]
-    for k in ("chosen", "best", "prediction", "estimate"):
-        if isinstance((plan or {}).get(k), dict):
-            sources.insert(0, plan[k])  # type: ignore[index]
-    out: dict[str, float | None] = {}
-    for name, candidates in keys.items():
-        out[name] = next(
-            (float(s[c]) for s in sources for c in candidates if s.get(c) is not None), None
-        )
-    return out
+    keys = {"step_s": "step_time_s", "peak_mem_gib": "peak_mem_gib", "tokens_per_s": "tokens_per_s"}
+    values = plan or {}
+    return {name: None if values.get(k) is None else float(values[k]) for name, k in keys.items()}
 
 
 class _Observer:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmctl.data.outputs import MARKER, OutputLock
+from llmctl.data.outputs import OutputLock
+from llmctl.staging import MARKER
 
 
 @dataclass

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llmctl.data.progress import Progress
+from llmctl.progress import ByteProgress
 
 LINE = re.compile(
     r"^preprocess: (\d+\.\d)% ([\d,.]+)/([\d,.]+) MB ([\d,]+) docs [\d,.]+ MB/s(?: [\d,]+ tok/s)? "
@@ -22,7 +22,7 @@ LINE = re.compile(
 
 def test_plain_lines_carry_percentage_and_eta() -> None:
     out = io.StringIO()
-    with Progress("preprocess", stream=out, tty=False, interval_s=0) as p:
+    with ByteProgress("preprocess", stream=out, tty=False, interval_s=0) as p:
         p.update(total=4_000_000)
         for _ in range(4):
             p.update(num_bytes=1_000_000, docs=10, tokens=1000)
