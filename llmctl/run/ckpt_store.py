@@ -24,8 +24,9 @@ its JSON files, then a `.rank-R.json` marker with their sizes and CRC32s; rank 0
 files it wrote itself, writes `manifest.json` (temp file + fsync + rename), fsyncs the
 directory, publishes it (POSIX: renames `.tmp-iter_N` to `iter_N`, fsyncs `checkpoints/`), and
 finally replaces `latest` the same way. A crash at any instant leaves the previous committed
-checkpoint intact and either no `iter_N` or a complete one. Deletion (retention) renames to
-`.del-iter_N` first, so a half-deleted directory never carries a valid name.
+checkpoint intact and either no `iter_N` or a complete one. Deletion (retention) takes the
+name away first (POSIX: renames to `.del-iter_N`), so a half-deleted checkpoint never carries
+a valid name.
 
 Validation, used on load and by `llmctl checkpoints`: the manifest parses and names its step;
 every listed file exists with its size; (full mode) every CRC32 matches and every shard file
@@ -49,7 +50,11 @@ from typing import Any
 from llmctl.progress import NO_PROGRESS, Progress
 from llmctl.run.ckpt_safe import shard_files_in_metadata
 from llmctl.run.storage import CheckpointStorage, storage_for
-from llmctl.run.storage_posix import atomic_write, fsync_dir, fsync_file
+from llmctl.run.storage_posix import (  # the local snapshot is a POSIX directory everywhere
+    atomic_write,
+    fsync_dir,
+    fsync_file,
+)
 
 FORMAT = "llmctl-checkpoint/1"
 MANIFEST = "manifest.json"

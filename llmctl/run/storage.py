@@ -37,11 +37,6 @@ class CheckpointStorage(Protocol):
     failure. Writes are durable when they return.
     """
 
-    @property
-    def location(self) -> str:
-        """The root, as a user wrote it (a directory, later a URL): for messages."""
-        ...
-
     def list(self, prefix: str = "") -> list[str]:
         """Names directly under `prefix` (`""` or ending in `/`), sorted.
 

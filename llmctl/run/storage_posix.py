@@ -71,11 +71,6 @@ class PosixStorage:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    @property
-    def location(self) -> str:
-        """The root directory."""
-        return str(self.root)
-
     def _path(self, key: str) -> Path:
         return self.root / key if key else self.root
 
@@ -119,6 +114,8 @@ class PosixStorage:
         """Rename `staging` to `ROOT/NAME` (refused if that exists), then fsync the root.
 
         The files in `staging` must already be durable (the commit protocol fsyncs them).
+        Between the check and the rename no other writer can take `NAME`: the run-directory
+        lock admits one trainer, and rename(2) itself refuses a non-empty target.
         """
         final = self._path(name)
         if final.exists():

@@ -26,8 +26,7 @@ from llmctl.run.storage_posix import PosixStorage
 class MemoryStorage:
     """Objects in a dict and a local scratch directory for staging: what an S3 backend has."""
 
-    def __init__(self, location: str, scratch: Path) -> None:
-        self.location = location
+    def __init__(self, scratch: Path) -> None:
         self.scratch = scratch
         self.objects: dict[str, bytes] = {}
 
@@ -105,7 +104,7 @@ def _posix(tmp_path: Path) -> CheckpointStorage:
 
 
 def _memory(tmp_path: Path) -> CheckpointStorage:
-    return MemoryStorage("mem://checkpoints", tmp_path / "scratch")
+    return MemoryStorage(tmp_path / "scratch")
 
 
 BACKENDS: list[Callable[[Path], CheckpointStorage]] = [_posix, _memory]
@@ -256,7 +255,7 @@ def test_the_protocol_reaches_checkpoints_only_through_the_interface(
 ) -> None:
     """Commit, latest, listing, validation, move-aside and retention on an object store."""
     root = tmp_path / "bucket" / "checkpoints"  # never created: nothing may touch it
-    mem = MemoryStorage("mem://checkpoints", tmp_path / "scratch")
+    mem = MemoryStorage(tmp_path / "scratch")
     monkeypatch.setattr(store, "storage_for", lambda where: mem)
     for step in (1, 2, 3):
         assert _fake_checkpoint(root, step) == root / store.iter_name(step)
