@@ -183,7 +183,7 @@ def save_checkpoint(model: Any, cfg: RootConfig, layout: Any, ckpt_root: Path, s
 
     capture_rng, versions = getattr(ck, "capture_rng"), getattr(ck, "versions")  # noqa: B009
 
-    tmp = ckpt_root / f"{store.TMP_PREFIX}{store.iter_name(0)}"
+    tmp = store.staging_dir(ckpt_root, 0)
     tmp.mkdir(parents=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -6,10 +6,13 @@ are returned (megatron-core's distributed checkpoints reshard across them on loa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 # Model fields that must match between a checkpoint and the run that loads it.
 ARCH_FIELDS = (
@@ -18,6 +21,25 @@ ARCH_FIELDS = (
     "tied_embeddings", "add_bias_linear", "num_experts",
 )  # fmt: skip
 LAYOUT_DIMS = ("tp", "pp", "vpp", "cp", "ep", "dp")
+
+
+class CheckpointedLayout(Protocol):
+    """What the checks read of a run's layout (the `LAYOUT_DIMS` and the optimizer sharding)."""
+
+    @property
+    def tp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def vpp(self) -> int | None: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def optimizer_sharding(self) -> str: ...
 
 
 def uses_torch_adam() -> bool:
@@ -32,7 +54,7 @@ def uses_torch_adam() -> bool:
     return False
 
 
-def check_optimizer_checkpointable(layout: Any) -> None:
+def check_optimizer_checkpointable(layout: CheckpointedLayout) -> None:
     """Refuse distributed-optimizer checkpoints where megatron-core cannot reload them.
 
     Raises:
@@ -47,7 +69,9 @@ def check_optimizer_checkpointable(layout: Any) -> None:
         )
 
 
-def check_compatible(saved: dict[str, Any], cfg: Any, layout: Any) -> list[str]:
+def check_compatible(
+    saved: dict[str, Any], cfg: RootConfig, layout: CheckpointedLayout
+) -> list[str]:
     """Compare a checkpoint's train_state with this run. Returns the layout dims that changed.
 
     Raises:

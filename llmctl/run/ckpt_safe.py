@@ -11,6 +11,7 @@ Every other deserialization in a load runs under `TORCH_FORCE_WEIGHTS_ONLY_LOAD=
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 from collections.abc import Iterator
@@ -59,9 +60,13 @@ def load_metadata(path: Path) -> Any:
         return _Restricted(f).load()
 
 
-def shard_files_in_metadata(path: Path) -> set[str]:
-    """Relative paths of every shard file the `.metadata` refers to."""
-    md = load_metadata(path)
+def shard_files_in_metadata(data: bytes) -> set[str]:
+    """Relative paths of every shard file a `.metadata` (its bytes) refers to.
+
+    Raises:
+        UnsafePickleError: If the file names a global outside the allowlist.
+    """
+    md = _Restricted(io.BytesIO(data)).load()
     return {info.relative_path for info in (md.storage_data or {}).values()}
 
 

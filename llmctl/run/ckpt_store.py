@@ -1,9 +1,9 @@
-"""Checkpoint directories on disk: atomic commit, manifest, validation, retention. No torch.
+"""Checkpoint protocol: atomic commit, manifest, validation, retention, listing. No torch.
 
 Why a protocol on top of megatron-core's `dist_checkpointing`: megatron writes a checkpoint
 into the directory it is given, file by file, on every rank. A crash in the middle leaves a
-directory that looks like a checkpoint but is not one. llmctl therefore writes each checkpoint
-under a temporary name and commits it only when every rank's files are durable::
+directory that looks like a checkpoint but is not one. llmctl therefore assembles each
+checkpoint in a staging directory and commits it only when every rank's files are durable::
 
     RUN_DIR/checkpoints/
       .tmp-iter_0000040/   being written (ignored by readers, removed on the next start)
@@ -11,13 +11,22 @@ under a temporary name and commits it only when every rank's files are durable::
       iter_0000030/
       latest               "30\\n", replaced atomically after each commit
 
+Where the storage seam is: the staging directory (the *local snapshot*) is a local directory,
+written by megatron-core and the ranks; the functions of the first section below (markers,
+manifest) work on it with plain file operations. Everything after that — publishing the
+snapshot (`commit`), the `latest` pointer, listing, validation, retention, setting checkpoints
+aside — talks only to `llmctl.run.storage.CheckpointStorage`, chosen by `storage_for` from the
+checkpoints directory. On POSIX the staging directory is `.tmp-iter_N` inside `checkpoints/`
+and publishing it is the in-place rename described below; an object-store backend uploads it.
+
 Commit order (each step durable before the next): every rank writes and fsyncs its shards and
 its JSON files, then a `.rank-R.json` marker with their sizes and CRC32s; rank 0 checksums the
 files it wrote itself, writes `manifest.json` (temp file + fsync + rename), fsyncs the
-directory, renames `.tmp-iter_N` to `iter_N`, fsyncs `checkpoints/`, and finally replaces
-`latest` the same way. A crash at any instant leaves the previous committed checkpoint intact
-and either no `iter_N` or a complete one. Deletion (retention) renames to `.del-iter_N` first,
-so a half-deleted directory never carries a valid name.
+directory, publishes it (POSIX: renames `.tmp-iter_N` to `iter_N`, fsyncs `checkpoints/`), and
+finally replaces `latest` the same way. A crash at any instant leaves the previous committed
+checkpoint intact and either no `iter_N` or a complete one. Deletion (retention) takes the
+name away first (POSIX: renames to `.del-iter_N`), so a half-deleted checkpoint never carries
+a valid name.
 
 Validation, used on load and by `llmctl checkpoints`: the manifest parses and names its step;
 every listed file exists with its size; (full mode) every CRC32 matches and every shard file
@@ -27,27 +36,31 @@ corruption, not tampering; see docs/checkpoints.md for the deserialization rules
 
 from __future__ import annotations
 
-import contextlib
+import io
 import json
 import os
 import re
-import shutil
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmctl.progress import NO_PROGRESS, Progress
+from llmctl.run.ckpt_safe import shard_files_in_metadata
+from llmctl.run.storage import CheckpointStorage, storage_for
+from llmctl.run.storage_posix import (  # the local snapshot is a POSIX directory everywhere
+    atomic_write,
+    fsync_dir,
+    fsync_file,
+)
 
 FORMAT = "llmctl-checkpoint/1"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 TRAIN_STATE = "train_state.json"
 RNG_DIR = "rng"
-TMP_PREFIX = ".tmp-"
-DEL_PREFIX = ".del-"
 RANK_MARKER = ".rank-{rank}.json"
 INVALID_DIR = "invalid"  # checkpoints/invalid/: checkpoints set aside, never deleted
 _ITER_RE = re.compile(r"^iter_(\d+)$")
@@ -65,36 +78,19 @@ def step_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename or new entry in it survives a power loss."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _crc32(chunks: Iterable[bytes]) -> str:
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
 
 
-def fsync_file(path: Path) -> None:
-    """fsync one file's data and metadata."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _text(data: bytes) -> str:
+    """`data` decoded as `Path.read_text` decodes a file (locale encoding, universal newlines)."""
+    return io.TextIOWrapper(io.BytesIO(data)).read()
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `path` so readers see the old content or the new one, never a mix.
-
-    Temp file in the same directory, fsync, rename over `path`, fsync the directory.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+# ----- the local snapshot: megatron's directory, the ranks' files, the manifest -----
 
 
 def write_json_durable(path: Path, obj: Any) -> None:
@@ -108,11 +104,13 @@ def write_json_durable(path: Path, obj: Any) -> None:
 
 def crc32_file(path: Path) -> str:
     """CRC32 of a file's bytes, as 8 hex digits."""
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK_BYTES):
-            crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
+
+    def chunks() -> Iterator[bytes]:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK_BYTES):
+                yield chunk
+
+    return _crc32(chunks())
 
 
 def file_entry(path: Path) -> dict[str, Any]:
@@ -172,72 +170,65 @@ def build_manifest(ckpt_dir: Path, world_size: int, header: dict[str, Any]) -> d
     return {"format": FORMAT, **header, "checksum": "crc32", "files": dict(sorted(files.items()))}
 
 
+def _seal(snapshot: Path, manifest: dict[str, Any]) -> None:
+    """Make the local snapshot complete and durable: its directories, the manifest, no markers."""
+    for sub in {p.parent for p in _files_under(snapshot)}:
+        fsync_dir(sub)
+    atomic_write(snapshot / MANIFEST, json.dumps(manifest, indent=1).encode())
+    for marker in snapshot.glob(".rank-*.json"):
+        marker.unlink()
+
+
+# ----- through the storage interface: commit, latest, listing, retention -----
+
+
+def _storage(ckpt_dir: Path) -> tuple[CheckpointStorage, str]:
+    """The storage holding checkpoint directory `ckpt_dir`, and the checkpoint's name."""
+    return storage_for(ckpt_dir.parent), ckpt_dir.name
+
+
+def staging_dir(ckpt_root: Path, step: int) -> Path:
+    """Local directory in which the checkpoint of `step` is written before `commit`."""
+    return storage_for(ckpt_root).staging_dir(iter_name(step))
+
+
 def commit(ckpt_root: Path, tmp_dir: Path, step: int, manifest: dict[str, Any]) -> Path:
-    """Write the manifest, rename `tmp_dir` to `iter_N` and point `latest` at it.
+    """Write the manifest, publish `tmp_dir` as `iter_N` and point `latest` at it.
+
+    Args:
+        ckpt_root: The checkpoints directory.
+        tmp_dir: The local snapshot, `staging_dir(ckpt_root, step)`.
+        step: The checkpoint's step.
+        manifest: From `build_manifest`.
 
     Returns:
         The committed directory.
     """
-    for sub in {p.parent for p in _files_under(tmp_dir)}:
-        fsync_dir(sub)
-    atomic_write(tmp_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
-    for marker in tmp_dir.glob(".rank-*.json"):
-        marker.unlink()
-    final = ckpt_root / iter_name(step)
-    if final.exists():  # a same-step save the ranks skipped as invalid: keep it as evidence
-        move_aside(final, f"replaced by a new save of step {step}")
-    os.rename(tmp_dir, final)
-    fsync_dir(ckpt_root)
-    atomic_write(ckpt_root / LATEST, f"{step}\n".encode())
-    return final
-
-
-def remove_checkpoint(path: Path, *, background: bool = False) -> None:
-    """Delete a checkpoint directory: rename it out of the valid namespace first.
-
-    Args:
-        path: The `iter_N` directory.
-        background: Delete the renamed files in a daemon thread (the rename is what makes
-            the deletion safe; leftovers are removed by `clean_stale` at the next start).
-    """
-    import threading
-
-    trash = path.with_name(f"{DEL_PREFIX}{path.name}-{time.time_ns()}")
-    os.rename(path, trash)
-    fsync_dir(path.parent)
-    if background:
-        threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True).start()
-    else:
-        shutil.rmtree(trash, ignore_errors=True)
+    storage, name = storage_for(ckpt_root), iter_name(step)
+    _seal(tmp_dir, manifest)
+    if storage.exists(name):  # a same-step save the ranks skipped as invalid: keep it as evidence
+        move_aside(ckpt_root / name, f"replaced by a new save of step {step}")
+    storage.commit(tmp_dir, name)
+    storage.write_bytes(LATEST, f"{step}\n".encode())
+    return ckpt_root / name
 
 
 def clean_stale(ckpt_root: Path) -> list[str]:
     """Remove leftovers of interrupted saves and deletions. Returns their names."""
-    removed: list[str] = []
-    if not ckpt_root.is_dir():
-        return removed
-    for entry in ckpt_root.iterdir():
-        if entry.name.startswith((TMP_PREFIX, DEL_PREFIX)) and entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry.name)
-        elif entry.name.startswith(f".{LATEST}.") and entry.name.endswith(".tmp"):
-            with contextlib.suppress(OSError):
-                entry.unlink()
-    return removed
+    return storage_for(ckpt_root).clean_stale()
 
 
 def committed_steps(ckpt_root: Path) -> list[int]:
     """Steps of all committed checkpoint directories, oldest first."""
-    if not ckpt_root.is_dir():
-        return []
-    steps = (step_of(p.name) for p in ckpt_root.iterdir() if p.is_dir())
+    names = storage_for(ckpt_root).list()
+    steps = (step_of(n[:-1]) for n in names if n.endswith("/"))
     return sorted(s for s in steps if s is not None)
 
 
 def read_latest(ckpt_root: Path) -> int | None:
     """Step named by the `latest` pointer (None if absent or unreadable)."""
     try:
-        return int((ckpt_root / LATEST).read_text().strip())
+        return int(_text(storage_for(ckpt_root).read_bytes(LATEST)).strip())
     except (OSError, ValueError):
         return None
 
@@ -253,10 +244,19 @@ def retention_victims(steps: list[int], keep_last: int, keep_every: int | None) 
 def apply_retention(
     ckpt_root: Path, keep_last: int, keep_every: int | None, *, background: bool = False
 ) -> list[int]:
-    """Delete checkpoints the retention policy no longer keeps. Returns their steps."""
+    """Delete checkpoints the retention policy no longer keeps. Returns their steps.
+
+    Args:
+        ckpt_root: The checkpoints directory.
+        keep_last: Newest checkpoints kept.
+        keep_every: Also keep the steps divisible by this.
+        background: Remove the bytes in a daemon thread (what makes a deletion safe happens
+            before return; leftovers are removed by `clean_stale` at the next start).
+    """
+    storage = storage_for(ckpt_root)
     victims = retention_victims(committed_steps(ckpt_root), keep_last, keep_every)
     for step in victims:
-        remove_checkpoint(ckpt_root / iter_name(step), background=background)
+        storage.delete(iter_name(step), background=background)
     return victims
 
 
@@ -277,9 +277,11 @@ class Validation:
         return self.problems[0] if self.problems else "ok"
 
 
-def _read_manifest(ckpt_dir: Path, result: Validation) -> dict[str, Any] | None:
+def _read_manifest(
+    storage: CheckpointStorage, name: str, result: Validation
+) -> dict[str, Any] | None:
     try:
-        manifest = json.loads((ckpt_dir / MANIFEST).read_text())
+        manifest = json.loads(_text(storage.read_bytes(f"{name}/{MANIFEST}")))
     except FileNotFoundError:
         result.problems.append("manifest.json missing (incomplete save)")
         return None
@@ -295,19 +297,27 @@ def _read_manifest(ckpt_dir: Path, result: Validation) -> dict[str, Any] | None:
 
 
 def _check_files(
-    ckpt_dir: Path, files: dict[str, Any], crc_part: tuple[int, int] | None, result: Validation
+    storage: CheckpointStorage,
+    name: str,
+    files: dict[str, Any],
+    crc_part: tuple[int, int] | None,
+    result: Validation,
 ) -> None:
     for i, (rel, entry) in enumerate(sorted(files.items())):
-        path = ckpt_dir / rel
+        key = f"{name}/{rel}"
         try:
-            size = path.stat().st_size
+            size = storage.size(key)
         except OSError:
             result.problems.append(f"missing file {rel}")
             continue
         result.size_bytes += size
         if size != entry["size"]:
             result.problems.append(f"{rel}: size {size} != {entry['size']} in manifest")
-        elif crc_part and i % crc_part[1] == crc_part[0] and crc32_file(path) != entry["crc32"]:
+        elif (
+            crc_part
+            and i % crc_part[1] == crc_part[0]
+            and _crc32(storage.read_chunks(key, _CHUNK_BYTES)) != entry["crc32"]
+        ):
             result.problems.append(f"{rel}: checksum mismatch")
 
 
@@ -317,6 +327,17 @@ def _check_required(manifest: dict[str, Any], files: dict[str, Any], result: Val
     for rel in required:
         if rel not in files:
             result.problems.append(f"manifest does not list {rel}")
+
+
+def _check_shards_listed(
+    storage: CheckpointStorage, name: str, files: dict[str, Any], result: Validation
+) -> None:
+    try:
+        named = shard_files_in_metadata(storage.read_bytes(f"{name}/.metadata"))
+        for rel in sorted(named - set(files)):
+            result.problems.append(f"shard {rel} named in .metadata is not in the manifest")
+    except Exception as e:  # a hostile or damaged .metadata
+        result.problems.append(f".metadata rejected: {e}")
 
 
 def validate(
@@ -331,22 +352,17 @@ def validate(
         crc_part: (k, n): verify the CRC32 of every n-th file starting at k (in name order), so
             n ranks can share the reading; (0, 1) = all files.
     """
-    result = Validation(path=ckpt_dir, step=step_of(ckpt_dir.name), ok=False)
-    manifest = _read_manifest(ckpt_dir, result)
+    storage, name = _storage(ckpt_dir)
+    result = Validation(path=ckpt_dir, step=step_of(name), ok=False)
+    manifest = _read_manifest(storage, name, result)
     if manifest is None:
         return result
     result.manifest = manifest
     files = manifest.get("files") or {}
     _check_required(manifest, files, result)
-    _check_files(ckpt_dir, files, crc_part if full else None, result)
+    _check_files(storage, name, files, crc_part if full else None, result)
     if full and not result.problems:
-        from llmctl.run.ckpt_safe import shard_files_in_metadata
-
-        try:
-            for rel in sorted(shard_files_in_metadata(ckpt_dir / ".metadata") - set(files)):
-                result.problems.append(f"shard {rel} named in .metadata is not in the manifest")
-        except Exception as e:  # a hostile or damaged .metadata
-            result.problems.append(f".metadata rejected: {e}")
+        _check_shards_listed(storage, name, files, result)
     result.ok = not result.problems
     return result
 
@@ -432,12 +448,10 @@ def move_aside(ckpt_dir: Path, reason: str) -> Path:
     Retention and loading only see `iter_N` directories directly under `checkpoints/`, so a
     checkpoint moved here is neither loaded nor removed. Returns the new path.
     """
-    dest_root = ckpt_dir.parent / INVALID_DIR
-    dest_root.mkdir(exist_ok=True)
-    dest = dest_root / ckpt_dir.name
-    if dest.exists():
-        dest = dest_root / f"{ckpt_dir.name}-{time.time_ns()}"
-    os.rename(ckpt_dir, dest)
-    fsync_dir(ckpt_dir.parent)
-    dest.with_name(f"{dest.name}.reason.txt").write_text(reason + "\n")
-    return dest
+    storage, name = _storage(ckpt_dir)
+    dest = f"{INVALID_DIR}/{name}"
+    if storage.exists(dest):
+        dest = f"{INVALID_DIR}/{name}-{time.time_ns()}"
+    storage.move(name, dest)
+    storage.write_bytes(f"{dest}.reason.txt", (reason + "\n").encode())
+    return ckpt_dir.parent / dest

@@ -269,7 +269,7 @@ class DistCheckpointer:
         """Rank 0 creates the temp directory; every rank learns whether that worked."""
         import shutil
 
-        tmp = self.root / f"{store.TMP_PREFIX}{store.iter_name(step)}"
+        tmp = store.staging_dir(self.root, step)
         error = None
         if self.rank == 0:
             try:

@@ -5,6 +5,10 @@ first, and all ranks agree (MAX all-reduce) before one is used. A candidate must
 `.metadata` allowlist (`ckpt_safe`) and match this run's model; megatron-core loads (and reshards
 where it can) the model and optimizer; llmctl restores the scheduler, the data position and,
 on an unchanged layout, every rank's RNG states.
+
+Selection validates through the storage interface (`ckpt_store`); loading reads the chosen
+checkpoint as a local directory (megatron-core's `dist_checkpointing.load`, the JSON files):
+on POSIX the committed directory itself. An object-store backend has to download it first.
 """
 
 from __future__ import annotations

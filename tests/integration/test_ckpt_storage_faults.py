@@ -38,6 +38,7 @@ from run_procs import (
 )
 
 from llmctl.run import ckpt_store as store
+from llmctl.run.storage_posix import TMP_PREFIX
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 SIZE_MIB = 40  # a checkpoint of the tiny model is ~8 MiB
@@ -134,7 +135,7 @@ def test_full_disk_goes_through_failed_save_policy(
     assert f"newest complete checkpoint is step {kept[0].step}" in last, last
     assert launch_record(run_dir)["exit_code"] == 3  # written into the room it reserved
     names = os.listdir(run_dir / "checkpoints")
-    assert not [n for n in names if n.startswith(store.TMP_PREFIX)], names
+    assert not [n for n in names if n.startswith(TMP_PREFIX)], names
     assert kept[0].step < (iters if case == "final_save" else 400)
 
 

@@ -151,7 +151,7 @@ def test_invalid_checkpoints_are_moved_aside_on_launch(run: Path) -> None:
 
 def test_a_replaced_same_step_checkpoint_is_kept(run: Path, tmp_path: Path) -> None:
     root = run / "checkpoints"
-    tmp = root / f"{store.TMP_PREFIX}{store.iter_name(4)}"
+    tmp = store.staging_dir(root, 4)
     shutil.copytree(root / store.iter_name(4), tmp)
     manifest = json.loads((tmp / store.MANIFEST).read_text())
     store.commit(root, tmp, 4, manifest)

@@ -13,7 +13,7 @@ from llmctl.run import ckpt_store as store
 
 def _fake_checkpoint(root: Path, step: int, world_size: int = 1) -> Path:
     """A committed checkpoint with the files validation requires (content is arbitrary)."""
-    tmp = root / f"{store.TMP_PREFIX}{store.iter_name(step)}"
+    tmp = store.staging_dir(root, step)
     (tmp / store.RNG_DIR).mkdir(parents=True)
     for rank in range(world_size):
         (tmp / f"__{rank}_0.distcp").write_bytes(bytes(range(256)) * (step + 1))
