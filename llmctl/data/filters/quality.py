@@ -185,9 +185,7 @@ class GopherRepetitionConfig:
     """Characters in repeated lines / all characters, above which: dup_line_char_frac."""
     dup_para_char_frac: float | None = 0.2
     """Characters in repeated paragraphs / all characters, above which: dup_para_char_frac."""
-    top_n_grams: list[list[float]] = field(
-        default_factory=lambda: [[2, 0.2], [3, 0.18], [4, 0.16]]
-    )
+    top_n_grams: list[list[float]] = field(default_factory=lambda: [[2, 0.2], [3, 0.18], [4, 0.16]])
     """[n, max share of characters in the most frequent n-gram]: top_{n}_gram."""
     dup_n_grams: list[list[float]] = field(
         default_factory=lambda: [[5, 0.15], [6, 0.14], [7, 0.13], [8, 0.12], [9, 0.11], [10, 0.1]]
@@ -364,9 +362,9 @@ class CharsetConfig:
             non_ascii = 0 if text.isascii() else sum(1 for c in text if ord(c) > 127)
             if non_ascii / n > self.max_non_ascii_ratio:
                 return "non_ascii_ratio"
-        if self.max_digit_ratio is not None:
-            if sum(1 for c in text if c.isdigit()) / n > self.max_digit_ratio:
-                return "digit_ratio"
+        digits = 0 if self.max_digit_ratio is None else sum(1 for c in text if c.isdigit())
+        if self.max_digit_ratio is not None and digits / n > self.max_digit_ratio:
+            return "digit_ratio"
         if self.max_symbol_ratio is not None:
             symbols = sum(1 for c in text if not (c.isalnum() or c.isspace()))
             if symbols / n > self.max_symbol_ratio:

@@ -57,22 +57,27 @@ PUNCTUATION: frozenset[str] = frozenset(_VISIBLE_PUNCTUATION + _CONTROL) | TERMI
 
 # ------------------------------------------------------------------ words
 
+
+def _tokens(spaced: str) -> frozenset[str]:
+    return frozenset(spaced.split())
+
+
 _PUNCT = "…,:;!?¿؟¡()[]{}<>_#*&。？！，、；：～·।،۔؛٪"
 _QUOTES = "'\"”“`‘´’‚„»«「」『』（）〔〕【】《》〈〉"
 _PREFIX = frozenset(_PUNCT + _QUOTES + "§%=—–+$£€¥฿₹₽₩")
 _SUFFIX = frozenset(_PUNCT + _QUOTES + "—–")
 _CLITICS = ("'s", "'S", "’s", "’S", "'re", "'ve", "'ll", "'d", "'m", "’re", "’ve", "’ll", "’d",
             "’m")  # fmt: skip
-_KEEP = frozenset(
+_KEEP = _tokens(
     "Mr. Mrs. Ms. Dr. St. Jr. Sr. Inc. Ltd. Co. co. vs. Corp. Jan. Feb. Mar. Apr. Jun. Jul. "
     "Aug. Sep. Sept. Oct. Nov. Dec. Mt. Prof. Gen. Gov. Sen. Rep. Rev. e.g. i.e. a.m. p.m. "
     "Ph.D. Calif. Mass. Ga. Fla. Ill. Wash. Ore. Va. and/or o'clock ma'am 'cause 'em ya'll "
-    "xD <3 o.O O.O 's 'S ’s 're 've 'll 'd 'm n't".split()
+    "xD <3 o.O O.O 's 'S ’s 're 've 'll 'd 'm n't"
 )
 """Whole tokens, never split (spaCy's English special cases that occur in text)."""
-_EMOTICONS = frozenset(
+_EMOTICONS = _tokens(
     "): :) :( (: :] [: =] ]= :p :P :D =D =) (= =( [= :/ :'( :') 8) (8 ;) ;-) :-) :-( (-: )-: "
-    ":-/ :-] :-P :-p :-D ''".split()
+    ":-/ :-] :-P :-p :-D ''"
 )
 """Special cases made of punctuation: spaCy joins them back after splitting affixes."""
 _NT_BASES = "do does did is are was were has have had could would should ca wo must need"
@@ -134,9 +139,11 @@ def _strip_suffixes(chunk: str, tail: list[str]) -> str:
         last = chunk[-1]
         if chunk.endswith("..."):
             cut = len(chunk.rstrip("."))
-        elif last in _SUFFIX or (last == "." and _period_splits(chunk)):
-            cut = len(chunk) - 1
-        elif last in "%+" and chunk[-2].isdigit():
+        elif (
+            last in _SUFFIX
+            or (last == "." and _period_splits(chunk))
+            or (last in "%+" and chunk[-2].isdigit())
+        ):
             cut = len(chunk) - 1
         elif len(chunk) > 3 and chunk[-3:] in ("n't", "n’t", "N'T"):
             cut = len(chunk) - 3
