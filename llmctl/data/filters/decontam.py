@@ -34,7 +34,7 @@ def _hasher() -> Any:
     try:
         import xxhash
 
-        return lambda s: xxhash.xxh3_64_intdigest(s)
+        return lambda s: xxhash.xxh3_64_intdigest(s.encode("utf-8"))
     except ImportError:  # pragma: no cover - xxhash is in the data extra
         return lambda s: int.from_bytes(
             hashlib.blake2b(s.encode(), digest_size=8).digest(), "little"
