@@ -81,7 +81,7 @@ class GopherQualityConfig:
     def check(self, doc: Doc) -> str | None:
         """The reason to reject `doc`, or None to keep it."""
         text, words = doc.text, doc.words
-        lengths = [len(w) for w in words if any(c not in PUNCTUATION for c in w)]
+        lengths = [len(w) for w in words if w.isalnum() or not PUNCTUATION.issuperset(w)]
         if not words:
             return "gopher_short_doc"
         if self.min_doc_words and len(lengths) < self.min_doc_words:
@@ -156,16 +156,23 @@ def top_ngram_chars(words: list[str], n: int) -> int:
 def duplicated_ngram_chars(words: list[str], n: int) -> int:
     """Characters of n-grams (words joined without spaces) that repeat an earlier n-gram; a
     repeat skips its n words, so no character counts twice."""
+    grams = list(map("".join, zip(*(words[k:] for k in range(n)), strict=False)))
+    counts = Counter(grams)
+    if len(counts) == len(grams):
+        return 0  # nothing repeats (most documents)
+    # Only n-grams occurring more than once can be found in the seen set, so the walk visits
+    # just their positions; a jump past a repeat skips positions, as the full walk does.
     seen: set[str] = set()
-    chars, i, last = 0, 0, len(words) - n + 1
-    while i < last:
-        gram = "".join(words[i : i + n])
+    chars = next_free = 0
+    for i in [i for i, g in enumerate(grams) if counts[g] > 1]:
+        if i < next_free:
+            continue
+        gram = grams[i]
         if gram in seen:
             chars += len(gram)
-            i += n
+            next_free = i + n
         else:
             seen.add(gram)
-            i += 1
     return chars
 
 
