@@ -1,4 +1,4 @@
-"""`llmctl data preprocess|dedup|tokenizer train|corpus|demo`: the data path into training.
+"""`llmctl data preprocess|dedup|clean|tokenizer train|corpus|demo`: the data path into training.
 
 Thin: each command parses its options, makes one call into `llmctl.data.commands` and renders
 the result. Every output location is `--out/-o` (the old `--output-dir`, `--output-prefix` and
@@ -191,6 +191,83 @@ def dedup_cmd(
 
     for ex in examples[:5]:
         Console().print(f"[bold]{ex['size']}x[/] kept {ex['kept']}: {ex['snippet'][:80]!r}")
+
+
+@app.command("clean")
+def clean_cmd(
+    inputs: InputsArg,
+    out: Annotated[str | None, _out_opt("Kept documents (JSONL) + clean_report.json.")] = None,
+    filters: Annotated[
+        str,
+        typer.Option("--filters", help="Quality filters, comma-separated (none: no filter)."),
+    ] = "gopher_repetition,gopher_quality,c4,fineweb",
+    languages: Annotated[
+        str | None, typer.Option("--languages", help="Keep these languages (en,de,...).")
+    ] = None,
+    decontam: Annotated[
+        list[str] | None,
+        typer.Option("--decontam", help="Evaluation file (JSONL/text) to decontaminate against."),
+    ] = None,
+    pii: Annotated[
+        bool, typer.Option("--pii/--no-pii", help="Replace e-mails, IPs, phone numbers.")
+    ] = False,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="SECTION.FIELD=VALUE, e.g. gopher_quality.min_doc_words=30."),
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="YAML file of sections and fields.")
+    ] = None,
+    rejected: Annotated[
+        bool, typer.Option("--rejected", help="Also write rejected.jsonl (step and reason).")
+    ] = False,
+    text_field: TextFieldOpt = "text",
+    workers: WorkersOpt = 0,
+    on_error: OnErrorOpt = OnError.FAIL,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Clean a sample and report; write nothing.")
+    ] = False,
+    sample: Annotated[int, typer.Option("--sample", help="Documents a dry run looks at.")] = 10000,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Quality filters, language ID, decontamination and PII over INPUTS (before dedup)."""
+    from llmctl.data.clean import run_clean
+    from llmctl.data.clean_config import CleanConfig, apply_overrides, steps_from_options
+
+    steps = steps_from_options(filters, languages, decontam, pii)
+    cfg = CleanConfig(
+        inputs=inputs, output_dir=out, steps=steps, text_field=text_field, num_workers=workers,
+        on_error=on_error, dry_run=dry_run, sample_docs=sample, write_rejected=rejected,
+        force=force,
+    )  # fmt: skip
+    cfg.language.languages = languages.split(",") if languages else []
+    cfg.decontam.eval_files = list(decontam or [])
+    apply_overrides(cfg, list(overrides or []), config)
+    report = run_clean(cfg, _progress("clean", as_json))
+    if as_json:
+        _render(report, as_json, "clean")
+        return
+    _show_clean(report, "clean" + (" (dry run)" if dry_run else f" -> {out}"))
+
+
+def _show_clean(report: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("step", "removed", "share", "top reasons", title=title)
+    for name, s in report["steps"].items():
+        reasons = ", ".join(f"{k} {v}" for k, v in list(s["reasons"].items())[:3])
+        table.add_row(name, f"{s['num_removed']:,}", f"{s['share_removed']:.1%}", reasons)
+    kept = f"{report['num_kept']:,} of {report['num_docs']:,} documents kept"
+    table.add_row("total", f"{report['num_removed']:,}", f"{report['share_removed']:.1%}", kept)
+    console = Console()
+    console.print(table)
+    if report["pii_replaced"]:
+        console.print(f"PII replaced: {report['pii_replaced']}")
+    for name, s in report["steps"].items():
+        for ex in s["examples"][:2]:
+            console.print(f"[bold]{name}[/] {ex['reason']} {ex['where']}: {ex['snippet'][:80]!r}")
 
 
 @tokenizer_app.command("train")

@@ -1,0 +1,1 @@
+"""Document filters and rewriters of `llmctl data clean` (pure functions over text)."""
