@@ -39,11 +39,8 @@ from llmctl.data.manifest import read_json, stamp, write_json_atomic
 from llmctl.data.outputs import (
     Interrupted,
     OutputLock,
-    check_collisions,
-    check_dir_target,
     check_workers,
     command_line,
-    commit_dir,
     interruptible,
     resolve_workers,
     stop_code,
@@ -60,6 +57,7 @@ from llmctl.data.readers import (
     plan_chunks,
 )
 from llmctl.errors import UserError
+from llmctl.staging import check_collisions, check_dir_target, commit_dir
 
 REPORT_NAME = "clean_report.json"
 REJECTED_NAME = "rejected.jsonl"
@@ -589,7 +587,7 @@ def _clean_here(
 
 
 def run_clean(cfg: CleanConfig, progress: Any) -> dict[str, Any]:
-    """`llmctl data clean` with a `data.progress.Progress` (the CLI's one call)."""
+    """`llmctl data clean` with a `llmctl.progress.ByteProgress` (the CLI's one call)."""
 
     def update(total: int, docs: int, num_bytes: int) -> None:
         progress.update(total=total, num_bytes=num_bytes, docs=docs)
