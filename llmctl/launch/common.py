@@ -37,10 +37,6 @@ class Shape:
         return self.num_nodes * self.nproc_per_node
 
 
-# The SLURM script adds `SLURM_JOB_ID % 1000` to launcher.rdzv_port (distinct per job).
-SLURM_PORT_SPREAD = 1000
-
-
 def check_launcher_values(cfg: RootConfig, *, port_spread: int = 0) -> None:
     """Refuse launcher numbers no launch can use, before planning reads them.
 

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 from llmctl.errors import UserError
 from llmctl.launch.common import (
     NODE_MODULE,
-    SLURM_PORT_SPREAD,
     entry_args,
     launch_env,
     launch_shape,
@@ -63,6 +62,9 @@ _EXPANDED = (
     '--rdzv-id="$SLURM_JOB_ID"',
 )
 
+
+# The script adds `SLURM_JOB_ID % 1000` to launcher.rdzv_port (distinct per job on shared nodes).
+PORT_SPREAD = 1000
 
 # Default checkpoint interval of a requeueable job: a tenth of the run, at most this many steps.
 MAX_DEFAULT_CHECKPOINT_INTERVAL = 1000
@@ -192,6 +194,7 @@ def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: TrainLayout | No
         ]
     lines += _BODY.format(
         port=int(cfg.launcher.rdzv_port),
+        spread=PORT_SPREAD,
         cpus=cpus,
         cmd=cmd,
         sig=_signal(cfg.launcher.slurm_signal)[2:].split("@")[0],
@@ -215,7 +218,7 @@ if (( SLURM_NNODES > 1 )); then
       exit 2 ;;
   esac
 fi
-rdzv_port=$(( {port} + SLURM_JOB_ID % 1000 ))  # distinct per job on shared nodes
+rdzv_port=$(( {port} + SLURM_JOB_ID % {spread} ))  # distinct per job on shared nodes
 echo "llmctl: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST," \\
   "rendezvous $head_node:$rdzv_port"
 
@@ -400,7 +403,7 @@ class SlurmBackend:
     """`launcher=slurm`: an sbatch job; `llmctl train` returns once it is submitted."""
 
     holds_lock = False  # rank 0 of the job takes the lock
-    port_spread = SLURM_PORT_SPREAD - 1
+    port_spread = PORT_SPREAD - 1
 
     def configure(self, cfg: RootConfig) -> RootConfig:
         """A requeueable job checkpoints (`requeue_checkpoint_interval`)."""
