@@ -36,8 +36,7 @@ def resume(
 
     Example: llmctl resume runs/tiny_cpu-20261130T041500Z train.train_iters=100 --dp 2
     """
-    from llmctl.cli.train import ignore_fit_flag, print_dry_run, print_result
-    from llmctl.launch.api import execute_train
+    from llmctl.cli.train import ignore_fit_flag, run_launch
     from llmctl.launch.ckpt_resume import prepare_resume
 
     launch = prepare_resume(
@@ -47,10 +46,4 @@ def resume(
         ignore_fit=ignore_fit_flag(ignore_fit, force),
         restart_from_scratch=restart_from_scratch,
     )
-    if dry_run:
-        print_dry_run(launch, as_json)
-        return
-    result = execute_train(launch)
-    print_result(result, as_json)
-    if result.get("exit_code"):
-        raise typer.Exit(int(result["exit_code"]))
+    run_launch(launch, dry_run=dry_run, as_json=as_json)

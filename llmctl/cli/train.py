@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from llmctl.cli.common import (
     layout_flags,
     split_recipe,
 )
+
+if TYPE_CHECKING:
+    from llmctl.launch.backend import TrainLaunch
 
 IgnoreFitOpt = Annotated[
     bool,
@@ -51,7 +54,7 @@ def train(
 
     Example: llmctl train recipe=tiny_cpu launcher=slurm --dp 2 --dry-run
     """
-    from llmctl.launch.api import execute_train, prepare_train
+    from llmctl.launch.api import prepare_train
 
     recipe, overrides = split_recipe(args)
     launch = prepare_train(
@@ -61,10 +64,19 @@ def train(
         force=ignore_fit_flag(ignore_fit, force),
         restart_from_scratch=restart_from_scratch,
     )
+    run_launch(launch, dry_run=dry_run, as_json=as_json)
+
+
+def run_launch(launch: TrainLaunch, *, dry_run: bool, as_json: bool) -> None:
+    """Print the dry run, or execute and print the result (`train` and `resume`).
+
+    With --json, stdout carries only the JSON result; the run's output goes to stderr.
+    """
+    from llmctl.launch.api import execute_train
+
     if dry_run:
         print_dry_run(launch, as_json)
         return
-    # With --json, stdout carries only the JSON result; the run's output goes to stderr.
     result = execute_train(launch, echo=sys.stderr if as_json else None)
     print_result(result, as_json)
     if result.get("exit_code"):
@@ -78,7 +90,7 @@ def ignore_fit_flag(ignore_fit: bool, force: bool) -> bool:
     return ignore_fit or force
 
 
-def print_dry_run(launch: Any, as_json: bool) -> None:
+def print_dry_run(launch: TrainLaunch, as_json: bool) -> None:
     """Print what a launch would run. Text form: plain stdout, commands and sbatch verbatim.
 
     Nothing goes through rich here: a wrapped line is a different shell command, so the
@@ -93,10 +105,9 @@ def print_dry_run(launch: Any, as_json: bool) -> None:
     typer.echo(dry_run_text(launch), nl=False)
 
 
-def dry_run_text(launch: Any) -> str:
+def dry_run_text(launch: TrainLaunch) -> str:
     """The text form of `--dry-run`: a summary line, then one `# --- name ---` section each."""
     from llmctl.config import cfg_to_yaml
-    from llmctl.launch.local import shell_line
 
     lay = launch.layout
     state = "left as it is" if launch.run_dir.exists() else "not created"
@@ -109,15 +120,8 @@ def dry_run_text(launch: Any) -> str:
         start = f"checkpoint of step {point.step}" if point.step is not None else "step 1"
         lines.append(f"resume: from {start}")
         lines += [f"  invalid, moved aside on launch: {v.path} ({v.reason})" for v in point.invalid]
-    if launch.kind == "local":
-        lines += ["# --- command ---", shell_line(launch.argv, launch.env)]
-    for node in launch.nodes:
-        lines += [
-            f"# --- node {node.node_rank} on {node.host} ---",
-            shell_line(list(node.ssh_argv), {}),
-        ]
-    if launch.sbatch:
-        lines += ["# --- sbatch script ---", launch.sbatch.rstrip("\n")]
+    for title, text in launch.rendering.sections():  # the backend's commands or script
+        lines += [f"# --- {title} ---", text]
     lines += ["# --- resolved config ---", cfg_to_yaml(launch.cfg).rstrip("\n")]
     lines += ["# --- plan ---", json.dumps(launch.plan or {}, indent=2, default=str)]
     return "\n".join(lines) + "\n"

@@ -5,9 +5,9 @@ Render, then execute. `render_dedup_scripts` is pure: from a job folder and the 
 chunks it returns two sbatch scripts, an array job whose task i computes the signatures and
 LSH band keys of input chunk i (`signature_shard`), and a final job that clusters, reports and
 writes the kept documents (`dedup.finish`). `_stage_and_submit` is the one function that
-calls sbatch: the final job depends on the array (`--dependency=afterok:<array id>`), so it
-runs only when every shard succeeded. A failed array task can be resubmitted alone; finished
-shards are kept (their `.done.json` markers) and skipped.
+submits (`llmctl.sbatch.submit`, shared with training jobs): the final job depends on the array
+(`--dependency=afterok:<array id>`), so it runs only when every shard succeeded. A failed array
+task can be resubmitted alone; finished shards are kept (their `.done.json` markers) and skipped.
 
 The job folder (beside the output folder, `<output>.llmctl-tmp/`) holds `job.json` (the
 options and the chunk plan), the scripts, the shards and the SLURM logs; it must be on a file
@@ -31,7 +31,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -72,6 +71,7 @@ from llmctl.data.readers import (
 )
 from llmctl.data.tokenizer import Tokenizer, TokenizerSpec
 from llmctl.errors import UserError
+from llmctl.sbatch import submit
 from llmctl.staging import check_collisions, check_file_targets
 
 ARRAY_SCRIPT = "dedup_signatures.sbatch"
@@ -146,18 +146,6 @@ def render_preprocess_scripts(
     names = ("llmctl-pre-shard", "preprocess-shard", "llmctl-pre-merge", "preprocess-merge")
     array, final = _render_pair(job_dir, num_chunks, opts, python, names)
     return {PRE_ARRAY_SCRIPT: array, PRE_FINAL_SCRIPT: final}
-
-
-def _sbatch(args: list[str]) -> str:
-    try:
-        out = subprocess.run(
-            ["sbatch", "--parsable", *args], capture_output=True, text=True, check=True
-        )
-    except FileNotFoundError:
-        raise UserError("sbatch not found: is SLURM installed on this machine?") from None
-    except subprocess.CalledProcessError as e:
-        raise UserError(f"sbatch failed: {e.stderr.strip() or e.stdout.strip()}") from None
-    return out.stdout.strip().split(";")[0]
 
 
 def _save_job(job_dir: Path, cfg: DedupConfig, chunks: list[Chunk], scans: list[FileScan]) -> None:
@@ -244,12 +232,12 @@ def _stage_and_submit(
     existed = job_dir.exists()
     try:
         write()
-        array_id = _sbatch([str(job_dir / array)])
+        array_id = submit([str(job_dir / array)])
     except BaseException:
         if not existed:
             shutil.rmtree(job_dir, ignore_errors=True)
         raise
-    final_id = _sbatch([f"--dependency=afterok:{array_id}", str(job_dir / final)])
+    final_id = submit([f"--dependency=afterok:{array_id}", str(job_dir / final)])
     return array_id, final_id
 
 

@@ -1,10 +1,12 @@
 """`llmctl train`: compose, check the plan, resolve the layout, render; then execute.
 
-`prepare_train` is pure apart from reading files (recipes, hostfile): it composes the config,
-asks the planner whether the layout fits (refusing a predicted misfit with the numbers unless
-forced), resolves the layout and renders the launcher's commands. `--dry-run` prints that and
-stops. `execute_train` checks the launcher's requirements (sbatch on PATH, hosts reachable),
-runs the training preflight (data, precision), creates the run directory and starts the run.
+`prepare_train` is pure apart from reading files (recipes, hostfile, data headers): it composes
+the config, derives the launch's values into a resolved copy (`resolve_config`), asks the
+planner whether the layout fits (refusing a predicted misfit with the numbers unless forced),
+resolves the layout and has the backend of `launcher.kind` render its commands
+(`launch.backend`). `--dry-run` prints that and stops. `execute_train` has the backend check
+its requirements (sbatch on PATH, hosts reachable), runs the training preflight, creates the
+run directory and hands the launch to the backend, which runs or submits it.
 """
 
 from __future__ import annotations
@@ -15,61 +17,21 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmctl.errors import UserError
+from llmctl.launch.backend import Backend, TrainLaunch, backend_for
 from llmctl.launch.common import check_launcher_values
-from llmctl.launch.hostfile import read_hostfile
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.plan import Evaluation, PlanResult
+    from llmctl.run.data import DataSpec
+    from llmctl.run.lock import RunLock
 
 LAUNCH_FILE = "launch.json"
-
-
-@dataclass(kw_only=True)
-class TrainLaunch:
-    """Everything `llmctl train` decided before running anything."""
-
-    cfg: Any
-    kind: str
-    run_dir: Path
-    layout: Any
-    plan: dict[str, Any]
-    argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    nodes: list[Any] = field(default_factory=list)
-    sbatch: str = ""
-    resume_point: Any = None  # launch.reentry.ResumePoint for an existing run directory
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-ready summary: what would run (the --dry-run/--json view)."""
-        out: dict[str, Any] = {
-            "kind": self.kind,
-            "run_dir": str(self.run_dir),
-            "layout": self.layout.as_dict(),
-            "world_size": self.layout.world_size,
-            "plan": self.plan,
-        }
-        if self.resume_point is not None:
-            out["resume"] = self.resume_point.as_dict()
-        if self.kind == "local":
-            out["command"] = self.argv
-            out["env"] = self.env
-        elif self.kind == "torchrun":
-            out["nodes"] = [
-                {
-                    "host": n.host,
-                    "node_rank": n.node_rank,
-                    "command": list(n.argv),
-                    "env": n.env,
-                    "secrets": list(n.secrets),
-                    "ssh": list(n.ssh_argv),
-                }
-                for n in self.nodes
-            ]
-        else:
-            out["sbatch"] = self.sbatch
-        return out
 
 
 def prepare_train(
@@ -97,77 +59,76 @@ def prepare_train(
     """
     from llmctl.config import compose
     from llmctl.launch.reentry import inspect_run_dir
-    from llmctl.launch.slurm import requeue_checkpoint_default
     from llmctl.run.layout import resolve_layout
     from llmctl.run.lock import check_run_lock
-    from llmctl.run.rundir import absolute_paths, default_run_dir
 
-    cfg = compose(recipe, overrides, cluster_file=cluster_file)
-    cfg.train.force = bool(force or cfg.train.force)
-    absolute_paths(cfg)
-    requeue_checkpoint_default(cfg)
-    _early_checks(cfg)
+    composed = compose(recipe, overrides, cluster_file=cluster_file)
+    backend = backend_for(str(composed.launcher.kind))
+    cfg = resolve_config(composed, backend, force=force)
+    data = _early_checks(cfg, backend)
     plan = plan_check(cfg, force=cfg.train.force)
     layout = resolve_layout(cfg, None, plan.get("layout"))
-    run_dir = Path(cfg.train.run_dir or default_run_dir(cfg.recipe)).resolve()
-    cfg.train.run_dir = str(run_dir)
-    launch = TrainLaunch(
-        cfg=cfg, kind=str(cfg.launcher.kind), run_dir=run_dir, layout=layout, plan=plan
-    )
+    run_dir = Path(str(cfg.train.run_dir))
     check_run_lock(run_dir)  # a live trainer's run directory is not even read
-    launch.resume_point = inspect_run_dir(cfg, layout, restart_from_scratch=restart_from_scratch)
-    if launch.resume_point is None or launch.resume_point.step is None:  # step 0: init_from
+    point = inspect_run_dir(cfg, layout, restart_from_scratch=restart_from_scratch)
+    if point is None or point.step is None:  # step 0: init_from
         from llmctl.hf.init import check_init_from
 
         check_init_from(cfg, layout.tp)  # the ranks' model check, before any rank starts
-    _render(launch)
-    return launch
+    return TrainLaunch(
+        cfg=cfg,
+        run_dir=run_dir,
+        layout=layout,
+        plan=plan,
+        rendering=backend.render(cfg, run_dir, layout),
+        resume_point=point,
+        data=data,
+    )
 
 
-def _early_checks(cfg: Any) -> None:
-    """Precision and explicit data, checked before planning so dry runs report them too.
+def resolve_config(cfg: RootConfig, backend: Backend, *, force: bool) -> RootConfig:
+    """The composed config with what a launch derives from it (pure: `cfg` is left as it is).
 
-    The demo corpus (empty data.prefixes) is only built at launch: a dry run writes nothing.
+    `train.force` (`--ignore-fit`), `train.run_dir` (absolute; default
+    runs/<recipe>-<UTC timestamp>), absolute file paths (`rundir.absolute_paths`), the
+    backend's defaults (SLURM: a checkpoint interval for requeueable jobs) and, on CPU
+    clusters, `cluster.gpus_per_node` following the ranks the run asks for
+    (`layout.with_cpu_ranks_for_layout`). This is the config the run directory records.
+    """
+    from llmctl.run.layout import with_cpu_ranks_for_layout
+    from llmctl.run.rundir import absolute_paths, default_run_dir
+
+    run_dir = Path(cfg.train.run_dir or default_run_dir(cfg.recipe)).resolve()
+    train = replace(cfg.train, force=bool(force or cfg.train.force), run_dir=str(run_dir))
+    out = backend.configure(absolute_paths(replace(cfg, train=train)))
+    return with_cpu_ranks_for_layout(out)
+
+
+def _early_checks(cfg: RootConfig, backend: Backend) -> DataSpec | None:
+    """Launcher values, precision and explicit data, checked before planning so dry runs
+    report them too. Returns the checked data (None: the demo corpus).
+
+    This is the launch's one check of `data.prefixes`; the demo corpus (empty data.prefixes)
+    is only built at launch (`preflight`): a dry run writes nothing.
     """
     from llmctl.run.data import check_sft_wanted, resolve_data
     from llmctl.run.precision import check_precision
 
-    check_launcher_values(cfg)
+    check_launcher_values(cfg, port_spread=backend.port_spread)
     on_gpu = str(cfg.cluster.device) == "cuda"
     check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
-    check_sft_wanted(cfg)
     if cfg.data.prefixes:
-        resolve_data(cfg)
+        return resolve_data(cfg)
+    check_sft_wanted(cfg)
+    return None
 
 
-def _render(launch: TrainLaunch) -> None:
-    cfg, run_dir, layout = launch.cfg, launch.run_dir, launch.layout
-    if launch.kind == "local":
-        from llmctl.launch.local import render_local, render_local_env
-
-        launch.argv = render_local(cfg, run_dir, layout)
-        launch.env = render_local_env(cfg, layout)
-    elif launch.kind == "torchrun":
-        from llmctl.launch.torchrun import render_torchrun_nodes
-
-        if not cfg.launcher.hostfile:
-            raise UserError("launcher=torchrun needs launcher.hostfile=PATH (one host per line)")
-        hosts = read_hostfile(cfg.launcher.hostfile)
-        launch.nodes = render_torchrun_nodes(cfg, run_dir, hosts, layout)
-    elif launch.kind == "slurm":
-        from llmctl.launch.slurm import render_sbatch
-
-        launch.sbatch = render_sbatch(cfg, run_dir, layout)
-    else:  # the schema's enum makes this unreachable from a composed config
-        raise UserError(f"unknown launcher.kind {launch.kind!r}: use local, torchrun or slurm")
-
-
-def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
+def plan_check(cfg: RootConfig, *, force: bool) -> dict[str, Any]:
     """Plan the configured layout; refuse a predicted misfit unless forced.
 
     Only optimizer shardings the runner implements are searched (`layout.runner_shardings`).
-    On CPU clusters ranks are processes, so `cluster.gpus_per_node` follows the ranks the run
-    asks for before planning (`layout.cpu_ranks_follow_layout`).
+    On CPU clusters ranks are processes: `cfg` comes from `resolve_config`, whose
+    `cluster.gpus_per_node` follows the ranks the run asks for.
 
     Returns:
         The plan dict recorded in plan.json: the chosen layout and its predictions.
@@ -177,10 +138,9 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
             the predicted peak and the usable memory), the layout is impossible, or it asks for
             a sharding the runner does not implement.
     """
-    from llmctl.run.layout import cpu_ranks_follow_layout, runner_shardings
+    from llmctl.run.layout import runner_shardings
     from llmctl.run.planning import plan_config
 
-    cpu_ranks_follow_layout(cfg)
     results = [plan_config(_with_sharding(cfg, s)) for s in runner_shardings(cfg)]
     fitting = [(r, r.best) for r in results if r.best is not None]
     if fitting:
@@ -200,7 +160,7 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
     return _plan_dict(result, closest)
 
 
-def _with_sharding(cfg: Any, sharding: Any) -> Any:
+def _with_sharding(cfg: RootConfig, sharding: str) -> RootConfig:
     from llmctl.config import OptimizerSharding
 
     out = copy.deepcopy(cfg)
@@ -208,7 +168,7 @@ def _with_sharding(cfg: Any, sharding: Any) -> Any:
     return out
 
 
-def _plan_dict(result: Any, ev: Any) -> dict[str, Any]:
+def _plan_dict(result: PlanResult, ev: Evaluation) -> dict[str, Any]:
     world = ev.layout.world_size
     return {
         "layout": ev.layout.as_dict(),
@@ -223,23 +183,6 @@ def _plan_dict(result: Any, ev: Any) -> dict[str, Any]:
     }
 
 
-def check_launcher(launch: TrainLaunch) -> None:
-    """Launcher requirements, checked before the run directory or any process exists.
-
-    Raises:
-        UserError: sbatch missing, an unreachable or misconfigured host, an unset secret.
-    """
-    if launch.kind == "slurm":
-        from llmctl.launch.slurm import check_slurm
-
-        check_slurm(launch.cfg)
-    elif launch.kind == "torchrun":
-        from llmctl.launch.torchrun import check_hosts, secret_values
-
-        secret_values(tuple(launch.cfg.launcher.secrets))
-        check_hosts(launch.cfg, launch.nodes)
-
-
 def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, Any]:
     """Check requirements, create the run directory, and run (local, ssh) or submit (SLURM).
 
@@ -248,65 +191,57 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
         echo: Where the run's console output is copied (default stdout).
 
     Returns:
-        {"kind", "run_dir", and "exit_code" (local/torchrun) or "job_id" (slurm)}.
+        {"kind", "run_dir", and "exit_code" (a run that ran here) or "job_id" (a submitted job)}.
     """
     from llmctl.run.preflight import preflight
 
-    check_launcher(launch)
-    preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"))
-    lock = _lock_run_dir(launch)  # one trainer per run directory; before anything is written
+    backend = backend_for(launch.kind)
+    backend.check(launch)  # launcher requirements: before the run directory or any process
+    preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"), data=launch.data)
+    lock = _lock_run_dir(launch, backend)  # one trainer per run directory; before any write
     try:
-        return _execute_locked(launch, echo, lock)
+        return _execute_locked(launch, backend, echo, lock)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _lock_run_dir(launch: TrainLaunch) -> Any:
-    """Hold the run directory for the local launcher; only check it for jobs that lock it
-    themselves (SLURM, ssh: rank 0 takes the lock). Raises UserError if another trainer has it."""
+def _lock_run_dir(launch: TrainLaunch, backend: Backend) -> RunLock | None:
+    """Hold the run directory for a launcher that waits on its run (`Backend.holds_lock`);
+    only check it for jobs whose rank 0 locks it. Raises UserError if another trainer has it."""
     from llmctl.run.lock import acquire_run_lock, check_run_lock
 
-    if launch.kind == "local":
+    if backend.holds_lock:
         return acquire_run_lock(launch.run_dir)
     check_run_lock(launch.run_dir)
     return None
 
 
-def _execute_locked(launch: TrainLaunch, echo: TextIO | None, lock: Any) -> dict[str, Any]:
+def _execute_locked(
+    launch: TrainLaunch, backend: Backend, echo: TextIO | None, lock: RunLock | None
+) -> dict[str, Any]:
     from llmctl.launch.reentry import accept_run_dir
     from llmctl.run.rundir import create_run_dir
 
     accept_run_dir(launch.resume_point)  # the launch is accepted: invalid checkpoints aside
     create_run_dir(launch.cfg, launch.plan)
-    shown = {k: v for k, v in launch.describe().items() if k in ("command", "nodes")}
     record = {"kind": launch.kind, "run_dir": str(launch.run_dir), "started": time.time()}
-    record.update(pid=os.getpid(), host=socket.gethostname(), **shown)
-    result: dict[str, Any] = {"kind": launch.kind, "run_dir": str(launch.run_dir)}
-    if launch.kind == "slurm":
-        from llmctl.launch.slurm import execute_slurm
+    record.update(pid=os.getpid(), host=socket.gethostname(), **launch.rendering.recorded())
 
-        result["job_id"] = record["job_id"] = execute_slurm(launch.sbatch, launch.run_dir)
+    def started(fields: dict[str, Any]) -> None:
+        record.update(fields)
         write_launch(launch.run_dir, record)
+
+    outcome = backend.execute(launch, echo=echo, lock=lock, started=started)
+    result: dict[str, Any] = {"kind": launch.kind, "run_dir": str(launch.run_dir)}
+    if outcome.job_id is not None:  # submitted: the job records its own end (launch.node)
+        result["job_id"] = outcome.job_id
         return result
+    record.update(exit_code=outcome.exit_code, finished=time.time())
+    if outcome.reason:
+        record["reason"] = result["reason"] = outcome.reason
     write_launch(launch.run_dir, record)
-    from llmctl.launch.common import RankExits
-
-    exits = RankExits()
-    if launch.kind == "local":
-        from llmctl.launch.local import execute_local
-
-        log = launch.run_dir / "logs" / "launcher.log"
-        rc = execute_local(launch.argv, launch.env, log, echo, lock_fd=lock.fd, exits=exits)
-    else:
-        from llmctl.launch.torchrun import execute_torchrun
-
-        rc = execute_torchrun(launch.nodes, launch.run_dir / "logs", echo, exits=exits)
-    record.update(exit_code=rc, finished=time.time())
-    if exits.reason():
-        record["reason"] = result["reason"] = exits.reason()
-    write_launch(launch.run_dir, record)
-    result["exit_code"] = rc
+    result["exit_code"] = outcome.exit_code
     return result
 
 

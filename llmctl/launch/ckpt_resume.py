@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.launch.backend import TrainLaunch
 
 # Config keys a resume cannot change: where the run lives, and that it loads its checkpoint.
 FIXED_ON_RESUME = ("train.run_dir", "checkpoint.load", "recipe")
@@ -27,7 +32,7 @@ def prepare_resume(
     cluster_file: str | None = None,
     ignore_fit: bool = False,
     restart_from_scratch: bool = False,
-) -> Any:
+) -> TrainLaunch:
     """Check the run directory and render its relaunch (starts nothing, writes nothing).
 
     Args:
@@ -38,7 +43,7 @@ def prepare_resume(
         restart_from_scratch: Start at step 1 when no checkpoint is valid.
 
     Returns:
-        The `llmctl.launch.api.TrainLaunch`, ready for `execute_train`.
+        The launch, ready for `execute_train`; its config keeps the run's recipe name.
 
     Raises:
         UserError: Not a run directory, no (valid) checkpoint, or an override the checkpoint
@@ -69,8 +74,7 @@ def prepare_resume(
             f"{run_dir} has no checkpoint to resume from (train with checkpoint.interval > 0); "
             "pass --restart-from-scratch to start it over"
         )
-    launch.cfg.recipe = saved.recipe
-    return launch
+    return replace(launch, cfg=replace(launch.cfg, recipe=saved.recipe))
 
 
 def _replaced_groups(overrides: list[str]) -> set[str]:
@@ -106,7 +110,7 @@ def _saved_recipe(run_dir: Path, *, drop: set[str]) -> Iterator[str]:
         yield str(path)
 
 
-def _pinned_sharding(run_dir: Path, saved: Any, overrides: list[str]) -> list[str]:
+def _pinned_sharding(run_dir: Path, saved: RootConfig, overrides: list[str]) -> list[str]:
     """Keep the optimizer sharding the run planned: its optimizer state cannot be converted.
 
     A saved config that left `parallel.optimizer_sharding` to the planner would otherwise be

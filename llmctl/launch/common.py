@@ -11,9 +11,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, TYPE_CHECKING, TextIO
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.run.layout import TrainLayout
 
 ENTRY_MODULE = "llmctl.train.entry"
 NODE_MODULE = "llmctl.launch.node"
@@ -33,16 +37,17 @@ class Shape:
         return self.num_nodes * self.nproc_per_node
 
 
-# The SLURM script adds `SLURM_JOB_ID % 1000` to launcher.rdzv_port (distinct per job).
-SLURM_PORT_SPREAD = 1000
-
-
-def check_launcher_values(cfg: Any) -> None:
+def check_launcher_values(cfg: RootConfig, *, port_spread: int = 0) -> None:
     """Refuse launcher numbers no launch can use, before planning reads them.
+
+    Args:
+        cfg: The resolved configuration.
+        port_spread: How far the backend may raise `launcher.rdzv_port` (`Backend.port_spread`:
+            SLURM adds a per-job offset).
 
     Raises:
         UserError: `launcher.nproc_per_node` below 1, `launcher.max_restarts` below 0, or
-            `launcher.rdzv_port` outside 1..65535 (for SLURM, with the per-job offset added).
+            `launcher.rdzv_port` outside 1..65535 (with the backend's offset added).
     """
     lc = cfg.launcher
     if lc.nproc_per_node is not None and lc.nproc_per_node < 1:
@@ -52,15 +57,15 @@ def check_launcher_values(cfg: Any) -> None:
         )
     if lc.max_restarts < 0:
         raise UserError(f"launcher.max_restarts must be >= 0, got {lc.max_restarts}")
-    spread = SLURM_PORT_SPREAD - 1 if str(lc.kind) == "slurm" else 0
+    spread = port_spread
     if not 1 <= lc.rdzv_port <= 65535 - spread:
         raise UserError(
             f"launcher.rdzv_port must be a TCP port in 1..{65535 - spread}, got {lc.rdzv_port}"
-            + (f" (launcher=slurm adds up to {spread} per job)" if spread else "")
+            + (f" (launcher={lc.kind} adds up to {spread} per job)" if spread else "")
         )
 
 
-def layout_of(cfg: Any, layout: Any | None) -> Any:
+def layout_of(cfg: RootConfig, layout: TrainLayout | None) -> TrainLayout:
     """The given layout, or the one the configuration alone implies (DP defaults to 1)."""
     if layout is not None:
         return layout
@@ -69,7 +74,7 @@ def layout_of(cfg: Any, layout: Any | None) -> Any:
     return resolve_layout(cfg)
 
 
-def launch_shape(cfg: Any, layout: Any, num_nodes: int) -> Shape:
+def launch_shape(cfg: RootConfig, layout: TrainLayout, num_nodes: int) -> Shape:
     """Processes per node for `num_nodes` nodes, checked against the layout's world size.
 
     Raises:
@@ -100,7 +105,7 @@ def launch_shape(cfg: Any, layout: Any, num_nodes: int) -> Shape:
     return Shape(num_nodes=num_nodes, nproc_per_node=nproc)
 
 
-def python_of(cfg: Any) -> str:
+def python_of(cfg: RootConfig) -> str:
     """The interpreter that runs torchrun: `launcher.python`, else this one."""
     return str(cfg.launcher.python or sys.executable)
 
@@ -121,7 +126,7 @@ def entry_args(run_dir: str | Path) -> list[str]:
     return ["-m", ENTRY_MODULE, str(run_dir)]
 
 
-def launch_env(cfg: Any, shape: Shape) -> dict[str, str]:
+def launch_env(cfg: RootConfig, shape: Shape) -> dict[str, str]:
     """Environment set for every rank: device defaults, then `launcher.env` on top.
 
     Secrets are not here: they pass by name from the caller's environment.
@@ -151,7 +156,7 @@ def launch_env(cfg: Any, shape: Shape) -> dict[str, str]:
     return env
 
 
-def check_env_names(cfg: Any) -> None:
+def check_env_names(cfg: RootConfig) -> None:
     """Check launcher.env keys and launcher.secrets names.
 
     Raises:

@@ -1,5 +1,8 @@
-"""Status and logs of a run: SLURM jobs through `scontrol show job` (no accounting needed),
-local and ssh runs through the run directory's launch record.
+"""Status, logs and cancel of a run: through the backend its launch record names.
+
+A run directory's `launch.json` names the launcher kind; `launch.backend.backend_for` gives the
+backend that answers (SLURM: `scontrol show job`, no accounting needed; local and ssh: the
+launch record and the processes of this host). A bare number is a SLURM job id.
 """
 
 from __future__ import annotations
@@ -7,17 +10,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
+import signal
+import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.launch.api import LAUNCH_FILE, read_launch
-from llmctl.launch.slurm import JOB_ID_FILE
+from llmctl.launch.backend import BACKENDS, backend_for
+
+if TYPE_CHECKING:
+    from llmctl.launch.backend import Backend
 
 TERMINAL = frozenset(
     {
@@ -33,7 +39,6 @@ TERMINAL = frozenset(
         "EXITED",
     }
 )
-_FIELD_RE = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|$)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,26 +68,8 @@ class RunStatus:
         return {**asdict(self), "finished": self.finished}
 
 
-def parse_scontrol(text: str) -> dict[str, str]:
-    """`scontrol show job -o` output (one line of Key=Value fields) as a dict (pure)."""
-    return {m.group(1): m.group(2) for m in _FIELD_RE.finditer(text.strip())}
-
-
-def _scontrol_job(job_id: str) -> dict[str, str]:
-    """The one place this module runs a process: `scontrol show job -o JOBID`."""
-    if shutil.which("scontrol") is None:
-        raise UserError("scontrol not found on PATH: run this where the SLURM client tools are")
-    proc = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        if "Invalid job id" in proc.stderr:
-            return {"JobState": "GONE"}
-        raise UserError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
-    return parse_scontrol(proc.stdout)
-
-
-def _metrics(run_dir: Path) -> tuple[int | None, float | None]:
+def last_metrics(run_dir: Path) -> tuple[int | None, float | None]:
+    """(step, loss) of the last complete record of RUN_DIR/metrics.jsonl; Nones if none."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None, None
@@ -96,7 +83,8 @@ def _metrics(run_dir: Path) -> tuple[int | None, float | None]:
     return None, None
 
 
-def _total_steps(run_dir: Path) -> int | None:
+def total_steps(run_dir: Path) -> int | None:
+    """`train.train_iters` of the run's config.yaml (read as text: no config validation)."""
     match = re.search(r"^\s*train_iters:\s*(\d+)", _read(run_dir / "config.yaml"), re.M)
     return int(match.group(1)) if match else None
 
@@ -121,8 +109,6 @@ def _launcher_alive(launch: dict[str, Any]) -> bool:
     """Whether the launcher recorded in launch.json still runs: its pid is alive on this host
     and that process started before the record (a launcher killed with -9 records no exit code,
     and its pid is later reused by other processes)."""
-    import socket
-
     pid = launch.get("pid")
     if launch.get("host", socket.gethostname()) != socket.gethostname() or not pid:
         return False
@@ -169,11 +155,29 @@ def run_status(target: str) -> RunStatus:
     if path.is_dir():
         return _dir_status(path)
     if target.isdigit():
-        job = _scontrol_job(target)
-        workdir = job.get("WorkDir")
-        run_dir = Path(workdir) if workdir and (Path(workdir) / "config.yaml").is_file() else None
-        return _slurm_status(run_dir, target, job)
+        from llmctl.launch.slurm import job_status
+
+        return job_status(target)
     raise UserError(f"{target} is neither a run directory nor a SLURM job id")
+
+
+def cancel_run(run_dir: str | Path) -> None:
+    """Stop a run through its backend (its ranks get SIGTERM: they checkpoint and exit).
+
+    Raises:
+        UserError: Not a run directory started by `llmctl train`, or the backend cannot stop
+            it from here (e.g. its launcher runs on another host).
+    """
+    rd = Path(run_dir)
+    record = _launched(rd)
+    _backend(record).cancel(rd, record)
+
+
+def _backend(record: dict[str, Any]) -> Backend:
+    """The backend of a launch record; a kind no backend is registered for reads as a run
+    whose launcher waits on it here (local)."""
+    kind = str(record.get("kind"))
+    return backend_for(kind if kind in BACKENDS else "local")
 
 
 def _launched(run_dir: Path) -> dict[str, Any]:
@@ -196,77 +200,47 @@ def _launched(run_dir: Path) -> dict[str, Any]:
 
 
 def _dir_status(run_dir: Path) -> RunStatus:
-    launch = _launched(run_dir)
-    if launch.get("kind") == "slurm":
-        job_id = _job_id(run_dir, launch)
-        status = _slurm_status(run_dir, job_id, _scontrol_job(job_id))
-        if status.state == "GONE" and "exit_code" in launch:  # recorded by the batch script
-            return replace(status, exit_code=f"{launch['exit_code']}:0")
-        return status
-    if "exit_code" in launch:
-        state = "COMPLETED" if launch["exit_code"] == 0 else "FAILED"
+    record = _launched(run_dir)
+    return _backend(record).status(run_dir, record)
+
+
+def status_from_record(run_dir: Path, record: dict[str, Any]) -> RunStatus:
+    """Status of a run whose launcher waits on it (local, ssh): finished when launch.json has
+    its exit code, else running while the launcher or any of its ranks lives."""
+    if "exit_code" in record:
+        state = "COMPLETED" if record["exit_code"] == 0 else "FAILED"
     else:
-        alive = _launcher_alive(launch) or trainer_alive(run_dir)
+        alive = _launcher_alive(record) or trainer_alive(run_dir)
         state = "RUNNING" if alive else "EXITED"
-    step, loss = _metrics(run_dir)
+    step, loss = last_metrics(run_dir)
     return RunStatus(
         run_dir=str(run_dir),
-        kind=str(launch.get("kind")),
+        kind=str(record.get("kind")),
         state=state,
-        exit_code=None if "exit_code" not in launch else str(launch["exit_code"]),
+        exit_code=None if "exit_code" not in record else str(record["exit_code"]),
         step=step,
         loss=loss,
-        total_steps=_total_steps(run_dir),
+        total_steps=total_steps(run_dir),
     )
 
 
-def _slurm_status(run_dir: Path | None, job_id: str, job: dict[str, str]) -> RunStatus:
-    step, loss = _metrics(run_dir) if run_dir else (None, None)
-    restarts = job.get("Restarts")
-    return RunStatus(
-        run_dir=str(run_dir) if run_dir else None,
-        kind="slurm",
-        job_id=job_id,
-        state=job.get("JobState", "UNKNOWN"),
-        reason=_slurm_value(job.get("Reason")),
-        exit_code=job.get("ExitCode"),
-        restarts=int(restarts) if restarts else None,
-        nodes=_slurm_value(job.get("NodeList")),
-        elapsed=job.get("RunTime"),
-        step=step,
-        loss=loss,
-        total_steps=_total_steps(run_dir) if run_dir else None,
-    )
+def signal_launcher(run_dir: Path, record: dict[str, Any], signum: int = signal.SIGTERM) -> None:
+    """Send `signum` to the launcher of a run that waits on it here (local, ssh).
 
-
-def _job_id(run_dir: Path, launch: dict[str, Any]) -> str:
-    """The SLURM job id of a run: launch.json, else the slurm_job_id file.
+    The launcher passes SIGTERM on (local: to torchrun; ssh: its sessions end and every node
+    stops its torchrun), so the ranks checkpoint and exit. A finished run is left as it is.
 
     Raises:
-        UserError: Neither names one (asking scontrol for "" would list every job).
+        UserError: The launcher does not run on this host (or no longer runs).
     """
-    job_id = str(launch.get("job_id") or _read(run_dir / JOB_ID_FILE).strip())
-    if not job_id:
+    if "exit_code" in record:
+        return
+    if not _launcher_alive(record):
+        where = f"pid {record.get('pid')} on {record.get('host', '?')}"
         raise UserError(
-            f"{run_dir}: no SLURM job id in {LAUNCH_FILE} or {JOB_ID_FILE}; "
-            "pass the job id itself: `llmctl status JOBID`"
+            f"{run_dir}: its launcher ({where}) is not running on this host; stop it where it runs"
         )
-    return job_id
-
-
-def _slurm_value(value: str | None) -> str | None:
-    """scontrol's spelling of "no value" (`Reason=None`, `NodeList=(null)`) as None."""
-    return None if value in (None, "", "None", "(null)") else value
-
-
-def log_path(run_dir: Path) -> Path:
-    """The file holding a run's console output (SLURM output, or the launcher's tee)."""
-    launch = read_launch(run_dir)
-    if launch.get("kind") == "slurm":
-        return run_dir / f"slurm-{_job_id(run_dir, launch)}.out"
-    if launch.get("kind") == "torchrun":
-        return run_dir / "logs" / "node0.log"
-    return run_dir / "logs" / "launcher.log"
+    os.kill(int(record["pid"]), signum)
 
 
 def follow_logs(
@@ -286,8 +260,8 @@ def follow_logs(
         UserError: Not a run directory started by `llmctl train`.
     """
     rd = Path(run_dir)
-    _launched(rd)
-    path, offset = log_path(rd), 0
+    record = _launched(rd)
+    path, offset = _backend(record).log_path(rd, record), 0  # SLURM output, or the launcher's
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         offset = _drain(path, offset, write)

@@ -1,4 +1,9 @@
-"""`launcher=local`: torchrun on this node with the layout's world size."""
+"""`launcher=local`: torchrun on this node with the layout's world size.
+
+`render_local`/`render_local_env` give the command and its environment (pure); `execute_local`
+runs it, holding the run-directory lock for the run's lifetime. `LocalBackend` is this
+launcher's `launch.backend.Backend`.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
@@ -26,8 +33,20 @@ from llmctl.launch.common import (
 from llmctl.launch.procs import TOKEN_ENV, end_processes, new_token
 from llmctl.run.lock import HELD_ENV
 
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.launch.backend import Backend, Outcome, Started, TrainLaunch
+    from llmctl.launch.jobs import RunStatus
+    from llmctl.run.layout import TrainLayout
+    from llmctl.run.lock import RunLock
 
-def render_local(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> list[str]:
+LOG_FILE = "launcher.log"
+"""The launcher's copy of the run's console output, under RUN_DIR/logs/."""
+
+
+def render_local(
+    cfg: RootConfig, run_dir: str | Path, layout: TrainLayout | None = None
+) -> list[str]:
     """The torchrun command line of a one-node run (pure).
 
     Args:
@@ -54,7 +73,7 @@ def render_local(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> li
     ]
 
 
-def render_local_env(cfg: Any, layout: Any | None = None) -> dict[str, str]:
+def render_local_env(cfg: RootConfig, layout: TrainLayout | None = None) -> dict[str, str]:
     """Environment added for a one-node run (pure)."""
     return launch_env(cfg, launch_shape(cfg, layout_of(cfg, layout), 1))
 
@@ -137,7 +156,7 @@ def _spawn(argv: list[str], env: dict[str, str], lock_fd: int | None) -> subproc
 def _wait_forwarding(proc: subprocess.Popen[bytes]) -> int:
     """Wait for torchrun, passing SIGTERM on; Ctrl-C (already sent to it) gets 30 s."""
 
-    def forward(signum: int, frame: Any) -> None:
+    def forward(signum: int, frame: FrameType | None) -> None:
         del frame
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
@@ -157,3 +176,82 @@ def _wait_forwarding(proc: subprocess.Popen[bytes]) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalCommand:
+    """The rendering of a local launch: one torchrun command and its environment."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+    def describe(self) -> dict[str, Any]:
+        """`command` and `env` of the --dry-run --json view."""
+        return {"command": list(self.argv), "env": self.env}
+
+    def sections(self) -> list[tuple[str, str]]:
+        """The command as one copy-pasteable shell line."""
+        return [("command", shell_line(list(self.argv), self.env))]
+
+    def recorded(self) -> dict[str, Any]:
+        """launch.json keeps the command."""
+        return {"command": list(self.argv)}
+
+
+class LocalBackend:
+    """`launcher=local`: torchrun on this node; this process waits for it and holds the lock."""
+
+    holds_lock = True
+    port_spread = 0
+
+    def configure(self, cfg: RootConfig) -> RootConfig:
+        """No defaults of its own."""
+        return cfg
+
+    def render(self, cfg: RootConfig, run_dir: Path, layout: TrainLayout) -> LocalCommand:
+        """`render_local` and `render_local_env`."""
+        argv = render_local(cfg, run_dir, layout)
+        return LocalCommand(argv=tuple(argv), env=render_local_env(cfg, layout))
+
+    def check(self, launch: TrainLaunch) -> None:
+        """Nothing to check before the run directory exists."""
+
+    def execute(
+        self, launch: TrainLaunch, *, echo: TextIO | None, lock: RunLock | None, started: Started
+    ) -> Outcome:
+        """Record the launch, then run torchrun to its end (`execute_local`)."""
+        from llmctl.launch.backend import Outcome
+
+        command = _command(launch)
+        started({})
+        exits = RankExits()
+        log = launch.run_dir / "logs" / LOG_FILE
+        lock_fd = None if lock is None else lock.fd
+        rc = execute_local(list(command.argv), command.env, log, echo, lock_fd=lock_fd, exits=exits)
+        return Outcome(exit_code=rc, reason=exits.reason())
+
+    def status(self, run_dir: Path, record: dict[str, Any]) -> RunStatus:
+        """From launch.json's exit code, else whether the launcher or its ranks live."""
+        from llmctl.launch.jobs import status_from_record
+
+        return status_from_record(run_dir, record)
+
+    def log_path(self, run_dir: Path, record: dict[str, Any]) -> Path:
+        """RUN_DIR/logs/launcher.log."""
+        return run_dir / "logs" / LOG_FILE
+
+    def cancel(self, run_dir: Path, record: dict[str, Any]) -> None:
+        """SIGTERM to the launcher, which passes it on to torchrun (`execute_local`)."""
+        from llmctl.launch.jobs import signal_launcher
+
+        signal_launcher(run_dir, record)
+
+
+def _command(launch: TrainLaunch) -> LocalCommand:
+    if not isinstance(launch.rendering, LocalCommand):
+        raise TypeError(f"launcher=local cannot run a {type(launch.rendering).__name__}")
+    return launch.rendering
+
+
+if TYPE_CHECKING:  # mypy checks that the class implements the launcher protocol
+    _PROTOCOL: type[Backend] = LocalBackend

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from llmctl.launch.common import RankExits, tee
@@ -95,7 +96,7 @@ def _spawn(argv: list[str], env: dict[str, str], *, with_wrapper: bool) -> subpr
 def _handle_signals(proc: subprocess.Popen[bytes], *, forward: bool) -> dict[int, Any]:
     """Note (srun) or pass on (ssh) SIGTERM/SIGINT/SIGUSR1; returns the old handlers."""
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         del frame
         if forward and signum != signal.SIGUSR1:
             with contextlib.suppress(ProcessLookupError):

@@ -16,9 +16,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.run.ckpt_store import Validation
+    from llmctl.run.layout import TrainLayout
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class ResumePoint:
 
     step: int | None
     """Step of the newest valid checkpoint (the one the ranks load); None = start at step 1."""
-    invalid: tuple[Any, ...] = ()
+    invalid: tuple[Validation, ...] = ()
     """`ckpt_store.Validation` of each newer checkpoint that failed; moved aside on launch."""
 
     def as_dict(self) -> dict[str, Any]:
@@ -38,7 +43,9 @@ class ResumePoint:
         }
 
 
-def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> ResumePoint | None:
+def inspect_run_dir(
+    cfg: RootConfig, layout: TrainLayout, *, restart_from_scratch: bool
+) -> ResumePoint | None:
     """Decide what a launch into `cfg.train.run_dir` will load; None for a new run directory.
 
     Raises:
@@ -50,7 +57,7 @@ def inspect_run_dir(cfg: Any, layout: Any, *, restart_from_scratch: bool) -> Res
     from llmctl.run import ckpt_store as store
     from llmctl.run.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 
-    run_dir = Path(cfg.train.run_dir)
+    run_dir = Path(str(cfg.train.run_dir))
     _check_run_dir_place(run_dir)
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return None
@@ -118,7 +125,7 @@ CHECK_CHILD = "config.yaml"
 """A file every run directory holds: its parent (the run directory) must be writable."""
 
 
-def check_checkpoint_matches(ckpt_dir: Path, cfg: Any, layout: Any) -> None:
+def check_checkpoint_matches(ckpt_dir: Path, cfg: RootConfig, layout: TrainLayout) -> None:
     """The ranks' compatibility check (model fields, optimizer sharding), run in the launcher.
 
     Raises:

@@ -12,6 +12,10 @@ torchrun's 1; the script records it in launch.json for `llmctl status`.
 
 Every user value in the script is shell-quoted; secrets appear by name only (`--export=ALL,NAME`
 takes their values from the submitting environment at submit time).
+
+`SlurmBackend` is this launcher's `launch.backend.Backend`: it submits through
+`llmctl.sbatch.submit` (as the data jobs do), reads a job's state with `scontrol show job` (no
+accounting needed) and cancels it with `scancel`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import re
 import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
@@ -36,6 +41,13 @@ from llmctl.launch.common import (
     run_name,
     torchrun_prefix,
 )
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.launch.backend import Backend, Outcome, Started, TrainLaunch
+    from llmctl.launch.jobs import RunStatus
+    from llmctl.run.layout import TrainLayout
+    from llmctl.run.lock import RunLock
 
 SCRIPT_NAME = "launch.sbatch"
 JOB_ID_FILE = "slurm_job_id"
@@ -51,12 +63,15 @@ _EXPANDED = (
 )
 
 
+# The script adds `SLURM_JOB_ID % 1000` to launcher.rdzv_port (distinct per job on shared nodes).
+PORT_SPREAD = 1000
+
 # Default checkpoint interval of a requeueable job: a tenth of the run, at most this many steps.
 MAX_DEFAULT_CHECKPOINT_INTERVAL = 1000
 
 
-def requeue_checkpoint_default(cfg: Any) -> int | None:
-    """Give a requeueable SLURM job a checkpoint interval when it has none (0 = off).
+def requeue_checkpoint_interval(cfg: RootConfig) -> int | None:
+    """The checkpoint interval a requeueable SLURM job gets when it has none (0 = off).
 
     Without checkpoints a preemption notice saves nothing and the requeued job starts over at
     step 1. The default is `max(1, min(train_iters // 10, 1000))` steps; the checkpointer also
@@ -64,15 +79,11 @@ def requeue_checkpoint_default(cfg: Any) -> int | None:
     `launcher.slurm_requeue=false`.
 
     Returns:
-        The interval set, or None when the config was left as it was.
+        The interval to set, or None when the config keeps its own (pure).
     """
-    if str(cfg.launcher.kind) != "slurm" or not cfg.launcher.slurm_requeue:
+    if not cfg.launcher.slurm_requeue or cfg.checkpoint.interval > 0:
         return None
-    if cfg.checkpoint.interval > 0:
-        return None
-    interval = max(1, min(int(cfg.train.train_iters) // 10, MAX_DEFAULT_CHECKPOINT_INTERVAL))
-    cfg.checkpoint.interval = interval
-    return interval
+    return max(1, min(int(cfg.train.train_iters) // 10, MAX_DEFAULT_CHECKPOINT_INTERVAL))
 
 
 def output_pattern(run_dir: str | Path) -> str:
@@ -80,7 +91,7 @@ def output_pattern(run_dir: str | Path) -> str:
     return f"{run_dir}/slurm-%j.out"
 
 
-def _value(name: str, value: Any) -> str:
+def _value(name: str, value: object) -> str:
     """A user value for an #SBATCH line, shell-quoted; sbatch honours single quotes."""
     text = str(value)
     if "\n" in text or "'" in text or not text:
@@ -99,7 +110,7 @@ def _signal(spec: str) -> str:
     return f"B:{match.group(1)}@{match.group(2) or 90}"
 
 
-def _directives(cfg: Any, run_dir: str | Path, nproc: int) -> list[str]:
+def _directives(cfg: RootConfig, run_dir: str | Path, nproc: int) -> list[str]:
     lc = cfg.launcher
     if not _TIME_RE.match(str(lc.slurm_time)):
         raise UserError(f"launcher.slurm_time={lc.slurm_time!r} is not [D-]HH:MM:SS or MM")
@@ -131,7 +142,7 @@ def _directives(cfg: Any, run_dir: str | Path, nproc: int) -> list[str]:
     return [f"#SBATCH {line}" for line in lines]
 
 
-def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> str:
+def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: TrainLayout | None = None) -> str:
     """The sbatch script of a run (pure).
 
     Args:
@@ -183,6 +194,7 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
         ]
     lines += _BODY.format(
         port=int(cfg.launcher.rdzv_port),
+        spread=PORT_SPREAD,
         cpus=cpus,
         cmd=cmd,
         sig=_signal(cfg.launcher.slurm_signal)[2:].split("@")[0],
@@ -206,7 +218,7 @@ if (( SLURM_NNODES > 1 )); then
       exit 2 ;;
   esac
 fi
-rdzv_port=$(( {port} + SLURM_JOB_ID % 1000 ))  # distinct per job on shared nodes
+rdzv_port=$(( {port} + SLURM_JOB_ID % {spread} ))  # distinct per job on shared nodes
 echo "llmctl: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST," \\
   "rendezvous $head_node:$rdzv_port"
 
@@ -245,7 +257,7 @@ fi
 """
 
 
-def check_slurm(cfg: Any) -> None:
+def check_slurm(cfg: RootConfig) -> None:
     """Requirements of `launcher=slurm`, checked before anything is written or started.
 
     Raises:
@@ -270,18 +282,180 @@ def execute_slurm(script: str, run_dir: str | Path) -> str:
     Raises:
         UserError: sbatch refused the job (its message is included).
     """
+    from llmctl.sbatch import SbatchFailed, submit
+
     path = Path(run_dir) / SCRIPT_NAME
     path.write_text(script)
-    proc = subprocess.run(
-        ["sbatch", "--parsable", str(path)],
-        cwd=run_dir,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise UserError(f"sbatch refused {path}: {msg}")
-    job_id = proc.stdout.strip().split(";", 1)[0]
+    try:
+        job_id = submit([str(path)], cwd=run_dir)
+    except SbatchFailed as e:
+        raise UserError(f"sbatch refused {path}: {e.last_line}") from None
     (Path(run_dir) / JOB_ID_FILE).write_text(job_id + "\n")
     return job_id
+
+
+_FIELD_RE = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|$)")
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """`scontrol show job -o` output (one line of Key=Value fields) as a dict (pure)."""
+    return {m.group(1): m.group(2) for m in _FIELD_RE.finditer(text.strip())}
+
+
+def _slurm_tool(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """The one place this module runs a SLURM client (`scontrol`, `scancel`; sbatch goes
+    through `llmctl.sbatch`).
+
+    Raises:
+        UserError: The tool is not on PATH.
+    """
+    if shutil.which(argv[0]) is None:
+        raise UserError(f"{argv[0]} not found on PATH: run this where the SLURM client tools are")
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def _scontrol_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o JOBID` as a dict; `JobState=GONE` for a job SLURM forgot."""
+    proc = _slurm_tool(["scontrol", "show", "job", "-o", job_id])
+    if proc.returncode != 0:
+        if "Invalid job id" in proc.stderr:
+            return {"JobState": "GONE"}
+        raise UserError(f"scontrol show job {job_id} failed: {proc.stderr.strip()}")
+    return parse_scontrol(proc.stdout)
+
+
+def job_status(job_id: str) -> RunStatus:
+    """Status of a SLURM job by id; its run directory is found through the job's WorkDir.
+
+    Raises:
+        UserError: SLURM cannot be queried.
+    """
+    job = _scontrol_job(job_id)
+    workdir = job.get("WorkDir")
+    run_dir = Path(workdir) if workdir and (Path(workdir) / "config.yaml").is_file() else None
+    return _slurm_status(run_dir, job_id, job)
+
+
+def _slurm_status(run_dir: Path | None, job_id: str, job: dict[str, str]) -> RunStatus:
+    from llmctl.launch.jobs import RunStatus, last_metrics, total_steps
+
+    step, loss = last_metrics(run_dir) if run_dir else (None, None)
+    restarts = job.get("Restarts")
+    return RunStatus(
+        run_dir=str(run_dir) if run_dir else None,
+        kind="slurm",
+        job_id=job_id,
+        state=job.get("JobState", "UNKNOWN"),
+        reason=_slurm_value(job.get("Reason")),
+        exit_code=job.get("ExitCode"),
+        restarts=int(restarts) if restarts else None,
+        nodes=_slurm_value(job.get("NodeList")),
+        elapsed=job.get("RunTime"),
+        step=step,
+        loss=loss,
+        total_steps=total_steps(run_dir) if run_dir else None,
+    )
+
+
+def _job_id(run_dir: Path, record: dict[str, Any]) -> str:
+    """The SLURM job id of a run: launch.json, else the slurm_job_id file.
+
+    Raises:
+        UserError: Neither names one (asking scontrol for "" would list every job).
+    """
+    from llmctl.launch.api import LAUNCH_FILE
+
+    path = run_dir / JOB_ID_FILE
+    job_id = str(record.get("job_id") or (path.read_text().strip() if path.is_file() else ""))
+    if not job_id:
+        raise UserError(
+            f"{run_dir}: no SLURM job id in {LAUNCH_FILE} or {JOB_ID_FILE}; "
+            "pass the job id itself: `llmctl status JOBID`"
+        )
+    return job_id
+
+
+def _slurm_value(value: str | None) -> str | None:
+    """scontrol's spelling of "no value" (`Reason=None`, `NodeList=(null)`) as None."""
+    return None if value in (None, "", "None", "(null)") else value
+
+
+@dataclass(frozen=True, slots=True)
+class SbatchScript:
+    """The rendering of a SLURM launch: the batch script."""
+
+    text: str
+
+    def describe(self) -> dict[str, Any]:
+        """`sbatch` of the --dry-run --json view."""
+        return {"sbatch": self.text}
+
+    def sections(self) -> list[tuple[str, str]]:
+        """The script, byte for byte."""
+        return [("sbatch script", self.text.rstrip("\n"))]
+
+    def recorded(self) -> dict[str, Any]:
+        """Nothing: the script itself is kept as RUN_DIR/launch.sbatch."""
+        return {}
+
+
+class SlurmBackend:
+    """`launcher=slurm`: an sbatch job; `llmctl train` returns once it is submitted."""
+
+    holds_lock = False  # rank 0 of the job takes the lock
+    port_spread = PORT_SPREAD - 1
+
+    def configure(self, cfg: RootConfig) -> RootConfig:
+        """A requeueable job checkpoints (`requeue_checkpoint_interval`)."""
+        interval = requeue_checkpoint_interval(cfg)
+        if interval is None:
+            return cfg
+        return replace(cfg, checkpoint=replace(cfg.checkpoint, interval=interval))
+
+    def render(self, cfg: RootConfig, run_dir: Path, layout: TrainLayout) -> SbatchScript:
+        """`render_sbatch`."""
+        return SbatchScript(render_sbatch(cfg, run_dir, layout))
+
+    def check(self, launch: TrainLaunch) -> None:
+        """sbatch on PATH and the secrets set here (`check_slurm`)."""
+        check_slurm(launch.cfg)
+
+    def execute(
+        self, launch: TrainLaunch, *, echo: TextIO | None, lock: RunLock | None, started: Started
+    ) -> Outcome:
+        """Submit the script (`execute_slurm`), then record the job id."""
+        from llmctl.launch.backend import Outcome
+
+        if not isinstance(launch.rendering, SbatchScript):
+            raise TypeError(f"launcher=slurm cannot run a {type(launch.rendering).__name__}")
+        job_id = execute_slurm(launch.rendering.text, launch.run_dir)
+        started({"job_id": job_id})
+        return Outcome(job_id=job_id)
+
+    def status(self, run_dir: Path, record: dict[str, Any]) -> RunStatus:
+        """The job's state from scontrol; for a job SLURM forgot, the exit code its batch
+        script recorded in launch.json."""
+        job_id = _job_id(run_dir, record)
+        status = _slurm_status(run_dir, job_id, _scontrol_job(job_id))
+        if status.state == "GONE" and "exit_code" in record:  # recorded by the batch script
+            return replace(status, exit_code=f"{record['exit_code']}:0")
+        return status
+
+    def log_path(self, run_dir: Path, record: dict[str, Any]) -> Path:
+        """SLURM's output file, RUN_DIR/slurm-<job id>.out (kept across requeues)."""
+        return run_dir / f"slurm-{_job_id(run_dir, record)}.out"
+
+    def cancel(self, run_dir: Path, record: dict[str, Any]) -> None:
+        """`scancel JOBID`: the steps get SIGTERM (the ranks checkpoint and exit), no requeue.
+
+        Raises:
+            UserError: scancel refused (its message is included).
+        """
+        job_id = _job_id(run_dir, record)
+        proc = _slurm_tool(["scancel", job_id])
+        if proc.returncode != 0:
+            raise UserError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+
+
+if TYPE_CHECKING:  # mypy checks that the class implements the launcher protocol
+    _PROTOCOL: type[Backend] = SlurmBackend

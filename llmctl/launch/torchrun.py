@@ -24,6 +24,8 @@ to a command without a terminal: a remote torchrun would otherwise run on).
 With `--max-restarts` > 0 a node lost mid-run (its ssh session ends with 255: a host crash) is
 brought back by running its rendered command again once the host answers ssh (`rejoin_node`);
 torchrun's agents re-form the group and the ranks resume from the newest complete checkpoint.
+
+`TorchrunBackend` is this launcher's `launch.backend.Backend`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import (
@@ -54,7 +56,14 @@ from llmctl.launch.common import (
     tee,
     torchrun_prefix,
 )
-from llmctl.launch.hostfile import Host
+from llmctl.launch.hostfile import Host, read_hostfile
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.launch.backend import Backend, Outcome, Started, TrainLaunch
+    from llmctl.launch.jobs import RunStatus
+    from llmctl.run.layout import TrainLayout
+    from llmctl.run.lock import RunLock
 
 PROBE_TIMEOUT_S = 30.0
 FAILURE_GRACE_S = 10.0
@@ -76,7 +85,7 @@ class NodeCommand:
     ssh_argv: tuple[str, ...] = ()
 
 
-def ssh_base(cfg: Any) -> list[str]:
+def ssh_base(cfg: RootConfig) -> list[str]:
     """`ssh` with non-interactive options and the user's launcher.ssh_options (pure)."""
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
     argv += [str(o) for o in cfg.launcher.ssh_options]
@@ -86,7 +95,10 @@ def ssh_base(cfg: Any) -> list[str]:
 
 
 def render_torchrun_nodes(
-    cfg: Any, run_dir: str | Path, hosts: tuple[Host, ...], layout: Any | None = None
+    cfg: RootConfig,
+    run_dir: str | Path,
+    hosts: tuple[Host, ...],
+    layout: TrainLayout | None = None,
 ) -> list[NodeCommand]:
     """Per-node torchrun commands and their ssh wrapping (pure).
 
@@ -214,7 +226,7 @@ def check_probe(
         )
 
 
-def render_probe(cfg: Any, host: str, rdzv_host: str, python: str) -> list[str]:
+def render_probe(cfg: RootConfig, host: str, rdzv_host: str, python: str) -> list[str]:
     """The ssh argv that probes one host before launch (pure)."""
     return [*ssh_base(cfg), host, probe_command(rdzv_host, python)]
 
@@ -240,7 +252,9 @@ def _spawn(
     return subprocess.Popen(list(argv), **kwargs)
 
 
-def _probe_one(cfg: Any, host: str, rdzv_host: str, python: str) -> tuple[str, int, str, str]:
+def _probe_one(
+    cfg: RootConfig, host: str, rdzv_host: str, python: str
+) -> tuple[str, int, str, str]:
     argv = render_probe(cfg, host, rdzv_host, python)
     proc = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -252,7 +266,7 @@ def _probe_one(cfg: Any, host: str, rdzv_host: str, python: str) -> tuple[str, i
     return host, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def check_hosts(cfg: Any, nodes: list[NodeCommand]) -> None:
+def check_hosts(cfg: RootConfig, nodes: list[NodeCommand]) -> None:
     """Probe every node once over ssh, in parallel, before anything is launched.
 
     Raises:
@@ -274,13 +288,13 @@ def check_hosts(cfg: Any, nodes: list[NodeCommand]) -> None:
         check_hardware(cfg, nodes)
 
 
-def render_hardware_probe(cfg: Any, host: str, python: str) -> list[str]:
+def render_hardware_probe(cfg: RootConfig, host: str, python: str) -> list[str]:
     """The ssh argv printing one host's hardware probe as JSON (pure)."""
     probe = shlex.join([python, "-m", "llmctl.topology.preflight", "--probe"])
     return [*ssh_base(cfg), host, probe]
 
 
-def check_hardware(cfg: Any, nodes: list[NodeCommand]) -> None:
+def check_hardware(cfg: RootConfig, nodes: list[NodeCommand]) -> None:
     """Probe every host's GPUs, NVLink and NICs over ssh and compare with the plan's cluster.
 
     Raises:
@@ -502,3 +516,99 @@ def _wait_all(
         if rc not in (None, 0) and first_rc == 0:
             first_rc = rc
     return first_rc if all(p.poll() is not None for p in procs) else (first_rc or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCommands:
+    """The rendering of an ssh launch: one `NodeCommand` per host, node 0 first."""
+
+    nodes: tuple[NodeCommand, ...]
+
+    def describe(self) -> dict[str, Any]:
+        """`nodes` of the --dry-run --json view: argv, env, secret names and ssh argv each."""
+        return {
+            "nodes": [
+                {
+                    "host": n.host,
+                    "node_rank": n.node_rank,
+                    "command": list(n.argv),
+                    "env": n.env,
+                    "secrets": list(n.secrets),
+                    "ssh": list(n.ssh_argv),
+                }
+                for n in self.nodes
+            ]
+        }
+
+    def sections(self) -> list[tuple[str, str]]:
+        """Each node's ssh command as one shell line."""
+        return [(f"node {n.node_rank} on {n.host}", shlex.join(n.ssh_argv)) for n in self.nodes]
+
+    def recorded(self) -> dict[str, Any]:
+        """launch.json keeps the nodes."""
+        return self.describe()
+
+
+class TorchrunBackend:
+    """`launcher=torchrun`: one torchrun per hostfile host over ssh; this process waits."""
+
+    holds_lock = False  # rank 0 takes the lock on node 0
+    port_spread = 0
+
+    def configure(self, cfg: RootConfig) -> RootConfig:
+        """No defaults of its own."""
+        return cfg
+
+    def render(self, cfg: RootConfig, run_dir: Path, layout: TrainLayout) -> NodeCommands:
+        """`render_torchrun_nodes` over `launcher.hostfile`.
+
+        Raises:
+            UserError: No hostfile, or one `read_hostfile` refuses; hosts the layout cannot use.
+        """
+        if not cfg.launcher.hostfile:
+            raise UserError("launcher=torchrun needs launcher.hostfile=PATH (one host per line)")
+        hosts = read_hostfile(cfg.launcher.hostfile)
+        return NodeCommands(tuple(render_torchrun_nodes(cfg, run_dir, hosts, layout)))
+
+    def check(self, launch: TrainLaunch) -> None:
+        """Secrets set here; every host answers ssh and passes the probe (`check_hosts`)."""
+        secret_values(tuple(launch.cfg.launcher.secrets))
+        check_hosts(launch.cfg, list(_nodes(launch)))
+
+    def execute(
+        self, launch: TrainLaunch, *, echo: TextIO | None, lock: RunLock | None, started: Started
+    ) -> Outcome:
+        """Record the launch, then run every node to its end (`execute_torchrun`)."""
+        from llmctl.launch.backend import Outcome
+
+        nodes = list(_nodes(launch))
+        started({})
+        exits = RankExits()
+        rc = execute_torchrun(nodes, launch.run_dir / "logs", echo, exits=exits)
+        return Outcome(exit_code=rc, reason=exits.reason())
+
+    def status(self, run_dir: Path, record: dict[str, Any]) -> RunStatus:
+        """From launch.json's exit code, else whether the launcher or its ranks live."""
+        from llmctl.launch.jobs import status_from_record
+
+        return status_from_record(run_dir, record)
+
+    def log_path(self, run_dir: Path, record: dict[str, Any]) -> Path:
+        """Node 0's copy: RUN_DIR/logs/node0.log."""
+        return run_dir / "logs" / "node0.log"
+
+    def cancel(self, run_dir: Path, record: dict[str, Any]) -> None:
+        """SIGTERM to the launcher: its ssh clients end, and each node stops its torchrun."""
+        from llmctl.launch.jobs import signal_launcher
+
+        signal_launcher(run_dir, record)
+
+
+def _nodes(launch: TrainLaunch) -> tuple[NodeCommand, ...]:
+    if not isinstance(launch.rendering, NodeCommands):
+        raise TypeError(f"launcher=torchrun cannot run a {type(launch.rendering).__name__}")
+    return launch.rendering.nodes
+
+
+if TYPE_CHECKING:  # mypy checks that the class implements the launcher protocol
+    _PROTOCOL: type[Backend] = TorchrunBackend

@@ -8,10 +8,13 @@ smallest valid default (1; DP fills the rest of the world).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 # Optimizer shardings llmctl.train implements (train/optim.py refuses FSDP, "full").
 RUNNER_SHARDINGS = ("none", "distributed")
@@ -185,15 +188,16 @@ def _sequence_parallel(cfg: Any, planned: dict[str, Any], tp: int) -> bool:
     return False
 
 
-def cpu_ranks_follow_layout(cfg: Any) -> None:
+def with_cpu_ranks_for_layout(cfg: RootConfig) -> RootConfig:
     """On a CPU cluster ranks are processes: size `cluster.gpus_per_node` to the layout asked.
 
     `--dp N` asks for TP*PP*CP*N ranks; `launcher.nproc_per_node` for that many per node;
     otherwise `--tp/--pp/--cp` ask for at least TP*PP*CP ranks (DP 1), so `--tp 2` makes two
-    ranks as `--dp 2` does. No-op on GPU clusters.
+    ranks as `--dp 2` does. Returns a copy with the new count, or `cfg` itself when nothing
+    changes (always on GPU clusters); `cfg` is never modified.
     """
     if str(cfg.cluster.device) != "cpu":
-        return
+        return cfg
     p, c = cfg.parallel, cfg.cluster
     model_parallel = (p.tp or 1) * (p.pp or 1) * (p.cp or 1)
     if p.dp is not None:
@@ -203,9 +207,10 @@ def cpu_ranks_follow_layout(cfg: Any) -> None:
     elif (c.gpus_per_node * c.num_nodes) % model_parallel:
         world = model_parallel
     else:
-        return
-    if world % c.num_nodes == 0:
-        c.gpus_per_node = world // c.num_nodes
+        return cfg
+    if world % c.num_nodes:
+        return cfg
+    return replace(cfg, cluster=replace(c, gpus_per_node=world // c.num_nodes))
 
 
 def runner_shardings(cfg: Any) -> tuple[str, ...]:

@@ -444,11 +444,11 @@ def plan_config(
             an unreadable run directory, a cluster without a peak for the compute dtype, or a
             `save_to` that cannot be written (checked before any work).
     """
-    from llmctl.run.layout import cpu_ranks_follow_layout
+    from llmctl.run.layout import with_cpu_ranks_for_layout
 
     if calibrate_dirs and save_to:
         check_calibrated_out(save_to, force)
-    cpu_ranks_follow_layout(cfg)  # on CPU, ranks follow the layout asked, as `llmctl train`
+    cfg = with_cpu_ranks_for_layout(cfg)  # on CPU, ranks follow the layout, as `llmctl train`
     inp = plan_input(cfg)
     if calibrate_dirs:
         inp = replace(inp, cluster=calibrated_cluster(inp.cluster, calibrate_dirs))

@@ -30,7 +30,11 @@ class Preflight:
 
 
 def preflight(
-    cfg: RootConfig, world_size: int | None = None, planned: dict[str, Any] | None = None
+    cfg: RootConfig,
+    world_size: int | None = None,
+    planned: dict[str, Any] | None = None,
+    *,
+    data: DataSpec | None = None,
 ) -> Preflight:
     """Check a run before launch; builds the demo corpus if the data config asks for it.
 
@@ -38,6 +42,8 @@ def preflight(
         cfg: The resolved `RootConfig`.
         world_size: Number of ranks that will be launched (None = from the layout).
         planned: The plan's chosen layout, if any.
+        data: The data as already checked (`llmctl train` checks explicit data.prefixes once,
+            when it prepares the launch); None = check it here (and build the demo corpus).
 
     Raises:
         UserError: On the first problem found.
@@ -47,7 +53,7 @@ def preflight(
     _check_moe(cfg, layout, on_gpu)
     recipe = check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
     loss_balanced_stage_layers(cfg, layout)  # the planner's split must be buildable
-    return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))
+    return Preflight(layout=layout, precision=recipe, data=data or resolve_data(cfg))
 
 
 def _check_moe(cfg: RootConfig, layout: TrainLayout, on_gpu: bool) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,22 +50,28 @@ def require_run_dir(path: str | Path) -> Path:
     return run_dir.resolve()
 
 
-def absolute_paths(cfg: RootConfig) -> None:
-    """Make the file paths of a config absolute (relative ones are taken from the cwd).
+def absolute_paths(cfg: RootConfig) -> RootConfig:
+    """The config with its file paths made absolute (relative ones are taken from the cwd).
 
-    Called when a run is created, so its config.yaml works from any directory and after the
+    Used when a run is prepared, so its config.yaml works from any directory and after the
     run directory is moved: data.prefixes, data.tokenizer, data.cache_dir, launcher.hostfile.
     An unset data.tokenizer is pinned to the one the datasets' manifests record (which
-    `llmctl data preprocess` writes as typed, often relative).
+    `llmctl data preprocess` writes as typed, often relative). Returns a copy; `cfg` is left
+    as it is.
     """
 
     def fix(value: str | None) -> str | None:
         return None if not value else os.path.abspath(os.path.expanduser(value))
 
-    cfg.data.prefixes = [fix(p) or p for p in cfg.data.prefixes]
-    cfg.data.tokenizer = fix(cfg.data.tokenizer) or _manifest_tokenizer(cfg.data.prefixes)
-    cfg.data.cache_dir = fix(cfg.data.cache_dir)
-    cfg.launcher.hostfile = fix(cfg.launcher.hostfile)
+    prefixes = [os.path.abspath(os.path.expanduser(p)) if p else p for p in cfg.data.prefixes]
+    data = replace(
+        cfg.data,
+        prefixes=prefixes,
+        tokenizer=fix(cfg.data.tokenizer) or _manifest_tokenizer(prefixes),
+        cache_dir=fix(cfg.data.cache_dir),
+    )
+    launcher = replace(cfg.launcher, hostfile=fix(cfg.launcher.hostfile))
+    return replace(cfg, data=data, launcher=launcher)
 
 
 def _manifest_tokenizer(prefixes: list[str]) -> str | None:

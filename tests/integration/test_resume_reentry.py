@@ -52,6 +52,7 @@ def test_damaged_checkpoints_refuse_then_restart_explicitly(toy_prefix: str, tmp
 
     res = runner.invoke(app, ["resume", str(run_dir), "--restart-from-scratch", "--json"])
     assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["exit_code"] == 0  # the ranks' output went to stderr
     invalid = run_dir / "checkpoints" / store.INVALID_DIR
     assert sorted(p.name for p in invalid.iterdir() if p.is_dir()) == [
         "iter_0000002", "iter_0000004",

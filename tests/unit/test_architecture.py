@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "llmctl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("progress", "staging", "resources", "memory"),
+    ("progress", "staging", "resources", "memory", "sbatch"),
     ("plan",),
     ("data",),
     ("topology",),

@@ -94,3 +94,43 @@ def test_sharding_the_runner_lacks_is_refused_before_launch() -> None:
     )
     assert res.exit_code == 2
     assert "parallel.optimizer_sharding=full is not supported by llmctl train" in res.output
+
+
+FAKE_TORCHRUN = """#!/bin/sh
+echo "rank chatter on stdout"
+echo "rank chatter on stderr" >&2
+exit 0
+"""
+
+
+def _toy_prefix(tmp_path: Path) -> str:
+    import numpy as np
+
+    from llmctl.data.indexed import ShardWriter
+
+    prefix = tmp_path / "data" / "toy"
+    prefix.parent.mkdir()
+    writer = ShardWriter(prefix, np.uint16)
+    writer.add_documents(np.arange(100 * 64) % 4096, np.full(100, 64))
+    writer.close()
+    return str(prefix)
+
+
+def test_json_stdout_of_train_and_resume_is_only_json(tmp_path: Path) -> None:
+    # The launcher is real (torchrun's place taken by a script printing like the ranks do):
+    # with --json the run's output goes to stderr, for `resume` as for `train`.
+    python = tmp_path / "python"
+    python.write_text(FAKE_TORCHRUN)
+    python.chmod(0o755)
+    run_dir = tmp_path / "run"
+    res = runner.invoke(
+        app, ["train", "recipe=tiny_cpu", f"train.run_dir={run_dir}", f"launcher.python={python}",
+              f"data.prefixes=[{_toy_prefix(tmp_path)}]", "--json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == {"kind": "local", "run_dir": str(run_dir), "exit_code": 0}
+    assert "rank chatter on stdout" in res.stderr
+    res = runner.invoke(app, ["resume", str(run_dir), "--restart-from-scratch", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == {"kind": "local", "run_dir": str(run_dir), "exit_code": 0}
+    assert "rank chatter on stdout" in res.stderr and "rank chatter" not in res.stdout

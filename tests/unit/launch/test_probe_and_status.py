@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from llmctl.errors import UserError
-from llmctl.launch.jobs import RunStatus, parse_scontrol
+from llmctl.launch.jobs import RunStatus
+from llmctl.launch.slurm import parse_scontrol
 from llmctl.launch.torchrun import check_probe
 
 PY = "/venv/bin/python"

@@ -184,9 +184,9 @@ def test_a_run_past_train_iters_is_refused_before_any_rank_starts(run: Path, llm
         assert "checkpoint is at step 4, already past train.train_iters=3" in line, line
         assert "nothing to train" in line
         assert _snapshot(run) == before
-    from llmctl.launch.jobs import _total_steps  # what `status` shows as the step total
+    from llmctl.launch.jobs import total_steps  # what `status` shows as the step total
 
-    assert _total_steps(run) == ITERS
+    assert total_steps(run) == ITERS
 
 
 def test_train_refuses_a_directory_it_did_not_make(tmp_path: Path, llmctl) -> None:
