@@ -119,7 +119,7 @@ def dry_run_text(launch: Any) -> str:
     if launch.sbatch:
         lines += ["# --- sbatch script ---", launch.sbatch.rstrip("\n")]
     lines += ["# --- resolved config ---", cfg_to_yaml(launch.cfg).rstrip("\n")]
-    lines += ["# --- plan ---", json.dumps(launch.plan or {}, indent=2, default=str)]
+    lines += ["# --- plan ---", json.dumps(launch.plan.as_dict(), indent=2, default=str)]
     return "\n".join(lines) + "\n"
 
 

@@ -17,11 +17,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmctl.errors import UserError
 from llmctl.launch.common import check_launcher_values
 from llmctl.launch.hostfile import read_hostfile
+
+if TYPE_CHECKING:
+    from llmctl.plan import Layout, PlanRecord, Sharding
 
 LAUNCH_FILE = "launch.json"
 
@@ -33,8 +36,8 @@ class TrainLaunch:
     cfg: Any
     kind: str
     run_dir: Path
-    layout: Any
-    plan: dict[str, Any]
+    layout: Layout
+    plan: PlanRecord
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     nodes: list[Any] = field(default_factory=list)
@@ -43,12 +46,14 @@ class TrainLaunch:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: what would run (the --dry-run/--json view)."""
+        from llmctl.run.layout import layout_record
+
         out: dict[str, Any] = {
             "kind": self.kind,
             "run_dir": str(self.run_dir),
-            "layout": self.layout.as_dict(),
+            "layout": layout_record(self.layout, self.cfg.train.global_batch_size),
             "world_size": self.layout.world_size,
-            "plan": self.plan,
+            "plan": self.plan.as_dict(),
         }
         if self.resume_point is not None:
             out["resume"] = self.resume_point.as_dict()
@@ -108,7 +113,7 @@ def prepare_train(
     requeue_checkpoint_default(cfg)
     _early_checks(cfg)
     plan = plan_check(cfg, force=cfg.train.force)
-    layout = resolve_layout(cfg, None, plan.get("layout"))
+    layout = resolve_layout(cfg, None, plan.layout)
     run_dir = Path(cfg.train.run_dir or default_run_dir(cfg.recipe)).resolve()
     cfg.train.run_dir = str(run_dir)
     launch = TrainLaunch(
@@ -162,7 +167,7 @@ def _render(launch: TrainLaunch) -> None:
         raise UserError(f"unknown launcher.kind {launch.kind!r}: use local, torchrun or slurm")
 
 
-def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
+def plan_check(cfg: Any, *, force: bool) -> PlanRecord:
     """Plan the configured layout; refuse a predicted misfit unless forced.
 
     Only optimizer shardings the runner implements are searched (`layout.runner_shardings`).
@@ -170,13 +175,14 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
     asks for before planning (`layout.cpu_ranks_follow_layout`).
 
     Returns:
-        The plan dict recorded in plan.json: the chosen layout and its predictions.
+        The plan recorded in plan.json: the chosen layout and its predictions.
 
     Raises:
         UserError: The layout is predicted not to fit and `force` is False (the message carries
             the predicted peak and the usable memory), the layout is impossible, or it asks for
             a sharding the runner does not implement.
     """
+    from llmctl.plan import PlanRecord
     from llmctl.run.layout import cpu_ranks_follow_layout, runner_shardings
     from llmctl.run.planning import plan_config
 
@@ -185,7 +191,7 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
     fitting = [(r, r.best) for r in results if r.best is not None]
     if fitting:
         result, best = min(fitting, key=lambda pair: pair[1].time.total_s)
-        return _plan_dict(result, best)
+        return PlanRecord.of(result, best)
     near = [(r, r.closest) for r in results if r.closest is not None]
     if not near:
         raise UserError("the planner found no valid layout: " + "; ".join(results[0].suggestions))
@@ -197,30 +203,13 @@ def plan_check(cfg: Any, *, force: bool) -> dict[str, Any]:
             f"device but {result.usable_gib:.3g} GiB are usable on {cfg.cluster.name}{hint}; "
             "change the layout (see `llmctl plan`) or pass --ignore-fit"
         )
-    return _plan_dict(result, closest)
+    return PlanRecord.of(result, closest)
 
 
-def _with_sharding(cfg: Any, sharding: Any) -> Any:
-    from llmctl.config import OptimizerSharding
-
+def _with_sharding(cfg: Any, sharding: Sharding) -> Any:
     out = copy.deepcopy(cfg)
-    out.parallel.optimizer_sharding = OptimizerSharding(str(sharding))
+    out.parallel.optimizer_sharding = sharding
     return out
-
-
-def _plan_dict(result: Any, ev: Any) -> dict[str, Any]:
-    world = ev.layout.world_size
-    return {
-        "layout": ev.layout.as_dict(),
-        "layout_name": ev.layout.short(),
-        "fits": ev.fits,
-        "peak_mem_gib": ev.memory.total_gib,
-        "usable_gib": result.usable_gib,
-        "memory_gib": ev.memory.terms(),
-        "step_time_s": ev.time.total_s,
-        "tokens_per_s": ev.rates.tokens_per_s_per_gpu * world,
-        "mfu": ev.rates.mfu,
-    }
 
 
 def check_launcher(launch: TrainLaunch) -> None:
@@ -253,7 +242,7 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
     from llmctl.run.preflight import preflight
 
     check_launcher(launch)
-    preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"))
+    preflight(launch.cfg, launch.layout.world_size, launch.plan.layout)
     lock = _lock_run_dir(launch)  # one trainer per run directory; before anything is written
     try:
         return _execute_locked(launch, echo, lock)

@@ -119,5 +119,5 @@ def _pinned_sharding(run_dir: Path, saved: Any, overrides: list[str]) -> list[st
         o.lstrip("+~").startswith(f"{key}=") for o in overrides
     ):
         return []
-    planned = (read_plan(run_dir).get("layout") or {}).get("optimizer_sharding")
-    return [f"{key}={planned}"] if planned else []
+    plan = read_plan(run_dir)
+    return [f"{key}={plan.layout.optimizer_sharding}"] if plan is not None else []

@@ -33,7 +33,7 @@ def render_local(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> li
     Args:
         cfg: The resolved RootConfig.
         run_dir: The run directory the entry point reads its config from.
-        layout: The resolved TrainLayout; None = the one the config alone implies.
+        layout: The resolved layout; None = the one the config alone implies.
 
     Raises:
         UserError: The config asks for several nodes, or the layout and nproc disagree.

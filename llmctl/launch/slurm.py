@@ -137,7 +137,7 @@ def render_sbatch(cfg: Any, run_dir: str | Path, layout: Any | None = None) -> s
     Args:
         cfg: The resolved RootConfig (`cluster.num_nodes` nodes).
         run_dir: The run directory (on a filesystem every node sees).
-        layout: The resolved TrainLayout; None = the one the config alone implies.
+        layout: The resolved layout; None = the one the config alone implies.
 
     Raises:
         UserError: A world size the layout cannot hold, or a malformed launcher value.

@@ -94,7 +94,7 @@ def render_torchrun_nodes(
         cfg: The resolved RootConfig; `cluster.num_nodes` hosts are used.
         run_dir: The run directory; it must be on a filesystem every node sees at this path.
         hosts: The parsed hostfile; the first `cluster.num_nodes` entries are used.
-        layout: The resolved TrainLayout; None = the one the config alone implies.
+        layout: The resolved layout; None = the one the config alone implies.
 
     Raises:
         UserError: Too few hosts, slots too small, or a world size the layout cannot hold.

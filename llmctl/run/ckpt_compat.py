@@ -10,6 +10,8 @@ from typing import Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
+from llmctl.plan.layout import Layout
+from llmctl.run.layout import layout_record
 
 # Model fields that must match between a checkpoint and the run that loads it.
 ARCH_FIELDS = (
@@ -32,7 +34,7 @@ def uses_torch_adam() -> bool:
     return False
 
 
-def check_optimizer_checkpointable(layout: Any) -> None:
+def check_optimizer_checkpointable(layout: Layout) -> None:
     """Refuse distributed-optimizer checkpoints where megatron-core cannot reload them.
 
     Raises:
@@ -47,7 +49,7 @@ def check_optimizer_checkpointable(layout: Any) -> None:
         )
 
 
-def check_compatible(saved: dict[str, Any], cfg: Any, layout: Any) -> list[str]:
+def check_compatible(saved: dict[str, Any], cfg: Any, layout: Layout) -> list[str]:
     """Compare a checkpoint's train_state with this run. Returns the layout dims that changed.
 
     Raises:
@@ -62,10 +64,10 @@ def check_compatible(saved: dict[str, Any], cfg: Any, layout: Any) -> list[str]:
                 f"checkpoint was saved with model.{name}={saved_model[name]}, this run has "
                 f"{have}; a checkpoint only loads into the same model"
             )
-    old = saved.get("layout", {})
-    if old.get("optimizer_sharding", "none") != layout.optimizer_sharding:
+    old, now = saved.get("layout", {}), layout_record(layout, cfg.train.global_batch_size)
+    if old.get("optimizer_sharding", "none") != now["optimizer_sharding"]:
         raise UserError(
             f"checkpoint: parallel.optimizer_sharding changed ({old.get('optimizer_sharding')} -> "
             f"{layout.optimizer_sharding}); the optimizer state cannot be converted"
         )
-    return [d for d in LAYOUT_DIMS if d in old and old[d] != getattr(layout, d)]
+    return [d for d in LAYOUT_DIMS if d in old and old[d] != now[d]]  # in the saved form

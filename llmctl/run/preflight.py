@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmctl.errors import UserError
+from llmctl.plan.layout import Layout
 from llmctl.run.data import DataSpec, resolve_data
-from llmctl.run.layout import TrainLayout, resolve_layout
+from llmctl.run.layout import resolve_layout
 from llmctl.run.planning import loss_balanced_stage_layers
 from llmctl.run.precision import PrecisionRecipe, check_precision
 
@@ -21,13 +22,13 @@ from llmctl.run.precision import PrecisionRecipe, check_precision
 class Preflight:
     """What the checks resolved."""
 
-    layout: TrainLayout
+    layout: Layout
     precision: PrecisionRecipe
     data: DataSpec
 
 
 def preflight(
-    cfg: Any, world_size: int | None = None, planned: dict[str, Any] | None = None
+    cfg: Any, world_size: int | None = None, planned: Layout | None = None
 ) -> Preflight:
     """Check a run before launch; builds the demo corpus if the data config asks for it.
 
@@ -47,7 +48,7 @@ def preflight(
     return Preflight(layout=layout, precision=recipe, data=resolve_data(cfg))
 
 
-def _check_moe(cfg: Any, layout: TrainLayout, on_gpu: bool) -> None:
+def _check_moe(cfg: Any, layout: Layout, on_gpu: bool) -> None:
     """MoE settings megatron-core refuses only after launch: the all-to-all overlap needs CUDA
     streams; its MoELayer refuses to train with TP > 1 without sequence parallelism (which
     llmctl's CPU layer does not run)."""
