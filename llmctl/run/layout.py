@@ -14,13 +14,15 @@ uses this module, not the reverse).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from llmctl.config.schema import ModelConfig, RootConfig
 from llmctl.errors import UserError
 from llmctl.plan.layout import Layout
 from llmctl.plan.moe import overlap_refusal
 from llmctl.plan.specs import Recompute, Sharding
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import ModelConfig, RootConfig
 
 # Optimizer shardings llmctl.train implements (train/optim.py refuses FSDP, "full").
 RUNNER_SHARDINGS = (Sharding.none, Sharding.distributed)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.errors import UserError
 
 if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
     from llmctl.plan.record import PlanRecord
 
 CONFIG_FILE = "config.yaml"
@@ -91,7 +92,7 @@ def default_run_dir(recipe: str, now: datetime | None = None, root: Path = Path(
     return root / f"{recipe or 'run'}-{stamp}"
 
 
-def create_run_dir(cfg: Any, plan: PlanRecord | None) -> Path:
+def create_run_dir(cfg: RootConfig, plan: PlanRecord | None) -> Path:
     """Create the run directory and write config.yaml and plan.json into it.
 
     Args:
