@@ -27,9 +27,7 @@ class Preflight:
     data: DataSpec
 
 
-def preflight(
-    cfg: Any, world_size: int | None = None, planned: Layout | None = None
-) -> Preflight:
+def preflight(cfg: Any, world_size: int | None = None, planned: Layout | None = None) -> Preflight:
     """Check a run before launch; builds the demo corpus if the data config asks for it.
 
     Args:
