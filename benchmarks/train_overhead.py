@@ -240,7 +240,8 @@ def worker_runner_cost(steps: int, cache: str) -> dict[str, float]:
         layout = resolve_layout(cfg, 1)
         parallel.init_model_parallel(layout, 1, on_gpu=False)
         obs = _Observer(cfg, Path(tmp), layout, on_gpu=False, rank=0)
-        losses = [{"lm loss": torch.tensor(7.0)} for _ in range(layout.num_microbatches)]
+        gbs = cfg.train.global_batch_size
+        losses = [{"lm loss": torch.tensor(7.0)} for _ in range(layout.num_microbatches(gbs))]
         n = 500
         t0 = time.perf_counter()
         for i in range(1, n + 1):

@@ -123,7 +123,7 @@ def dry_run_text(launch: TrainLaunch) -> str:
     for title, text in launch.rendering.sections():  # the backend's commands or script
         lines += [f"# --- {title} ---", text]
     lines += ["# --- resolved config ---", cfg_to_yaml(launch.cfg).rstrip("\n")]
-    lines += ["# --- plan ---", json.dumps(launch.plan or {}, indent=2, default=str)]
+    lines += ["# --- plan ---", json.dumps(launch.plan.as_dict(), indent=2, default=str)]
     return "\n".join(lines) + "\n"
 
 

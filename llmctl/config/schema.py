@@ -13,6 +13,10 @@ from typing import Any
 
 from omegaconf import MISSING
 
+# One vocabulary with the planner (plan is the lower layer): parallel.recompute and
+# parallel.optimizer_sharding take the planner's enums.
+from llmctl.plan.specs import Recompute, Sharding
+
 
 def doc(default: Any = MISSING, text: str = "", *, factory: Any = None) -> Any:
     """A dataclass field with a docstring kept in its metadata."""
@@ -59,18 +63,6 @@ class Fp8Recipe(StrEnum):
     none = "none"
     delayed = "delayed"
     current = "current"
-
-
-class Recompute(StrEnum):
-    none = "none"
-    selective = "selective"
-    full = "full"
-
-
-class OptimizerSharding(StrEnum):
-    none = "none"
-    distributed = "distributed"
-    full = "full"
 
 
 class LauncherKind(StrEnum):
@@ -178,7 +170,7 @@ class ParallelConfig:
     micro_batch_size: int | None = doc(None, "Micro-batch size per rank.")
     sequence_parallel: bool | None = doc(None, "Sequence parallelism (needs tp > 1; GPU only).")
     recompute: Recompute | None = doc(None, "Activation recompute: none, selective or full.")
-    optimizer_sharding: OptimizerSharding | None = doc(
+    optimizer_sharding: Sharding | None = doc(
         None, "Optimizer-state sharding: none, distributed (ZeRO-1) or full (FSDP)."
     )
     allow_tp_outside_nvlink: bool = doc(False, "Let TP cross the NVLink domain.")

@@ -19,18 +19,16 @@ from llmctl.hf import mapping as M
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
     from llmctl.hf.importer import ImportPlan
+    from llmctl.plan import Layout
 
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def one_rank_layout() -> Any:
+def one_rank_layout() -> Layout:
     """TP=PP=DP=1 on one rank."""
-    from llmctl.run.layout import TrainLayout
+    from llmctl.plan import Layout, Sharding
 
-    return TrainLayout(
-        tp=1, pp=1, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
-        sequence_parallel=False, recompute="none", optimizer_sharding="none",
-    )  # fmt: skip
+    return Layout(optimizer_sharding=Sharding.none)
 
 
 @contextlib.contextmanager
@@ -54,7 +52,7 @@ def one_rank_megatron() -> Iterator[Any]:
             cpu_compat.uninstall()
 
 
-def empty_model(cfg: RootConfig, layout: Any, dtype: str) -> Any:
+def empty_model(cfg: RootConfig, layout: Layout, dtype: str) -> Any:
     """GPTModel at TP=1 with uninitialised weights in `dtype` (they are all overwritten)."""
     import torch
 
@@ -170,7 +168,9 @@ def stream_weights(
         raise UserError(f"no source tensor for megatron parameter {unfilled[0]}")  # fmt: skip
 
 
-def save_checkpoint(model: Any, cfg: RootConfig, layout: Any, ckpt_root: Path, source: str) -> Path:
+def save_checkpoint(
+    model: Any, cfg: RootConfig, layout: Layout, ckpt_root: Path, source: str
+) -> Path:
     """Save `model` as llmctl's committed checkpoint `iter_0000000` (manifest, latest)."""
     from megatron.core import dist_checkpointing
 
@@ -179,6 +179,7 @@ def save_checkpoint(model: Any, cfg: RootConfig, layout: Any, ckpt_root: Path, s
 
     # getattr: checkpoint.py may re-export these from its ckpt_* submodules (no __all__)
     from llmctl.run.ckpt_compat import ARCH_FIELDS as arch_fields
+    from llmctl.run.layout import layout_record
     from llmctl.train import checkpoint as ck  # its public API (names re-exported there)
 
     capture_rng, versions = getattr(ck, "capture_rng"), getattr(ck, "versions")  # noqa: B009
@@ -189,7 +190,7 @@ def save_checkpoint(model: Any, cfg: RootConfig, layout: Any, ckpt_root: Path, s
         warnings.simplefilter("ignore", FutureWarning)
         dist_checkpointing.save({"model": model.sharded_state_dict()}, str(tmp))
     header = {
-        "step": 0, "consumed_samples": 0, "world_size": 1, "layout": layout.as_dict(),
+        "step": 0, "consumed_samples": 0, "world_size": 1, "layout": layout_record(layout, 1),
         "model": {k: _value(getattr(cfg.model, k, None)) for k in arch_fields},
         "versions": versions(), "backend": "torch_dist", "created_unix": time.time(),
         "imported_from": source, "weights_only": True, "config_yaml": cfg_to_yaml(cfg),

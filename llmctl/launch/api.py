@@ -27,7 +27,7 @@ from llmctl.launch.common import check_launcher_values
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
-    from llmctl.plan import Evaluation, PlanResult
+    from llmctl.plan import PlanRecord, Sharding
     from llmctl.run.data import DataSpec
     from llmctl.run.lock import RunLock
 
@@ -67,7 +67,7 @@ def prepare_train(
     cfg = resolve_config(composed, backend, force=force)
     data = _early_checks(cfg, backend)
     plan = plan_check(cfg, force=cfg.train.force)
-    layout = resolve_layout(cfg, None, plan.get("layout"))
+    layout = resolve_layout(cfg, None, plan.layout)
     run_dir = Path(str(cfg.train.run_dir))
     check_run_lock(run_dir)  # a live trainer's run directory is not even read
     point = inspect_run_dir(cfg, layout, restart_from_scratch=restart_from_scratch)
@@ -123,7 +123,7 @@ def _early_checks(cfg: RootConfig, backend: Backend) -> DataSpec | None:
     return None
 
 
-def plan_check(cfg: RootConfig, *, force: bool) -> dict[str, Any]:
+def plan_check(cfg: RootConfig, *, force: bool) -> PlanRecord:
     """Plan the configured layout; refuse a predicted misfit unless forced.
 
     Only optimizer shardings the runner implements are searched (`layout.runner_shardings`).
@@ -131,13 +131,14 @@ def plan_check(cfg: RootConfig, *, force: bool) -> dict[str, Any]:
     `cluster.gpus_per_node` follows the ranks the run asks for.
 
     Returns:
-        The plan dict recorded in plan.json: the chosen layout and its predictions.
+        The plan recorded in plan.json: the chosen layout and its predictions.
 
     Raises:
         UserError: The layout is predicted not to fit and `force` is False (the message carries
             the predicted peak and the usable memory), the layout is impossible, or it asks for
             a sharding the runner does not implement.
     """
+    from llmctl.plan import PlanRecord
     from llmctl.run.layout import runner_shardings
     from llmctl.run.planning import plan_config
 
@@ -145,7 +146,7 @@ def plan_check(cfg: RootConfig, *, force: bool) -> dict[str, Any]:
     fitting = [(r, r.best) for r in results if r.best is not None]
     if fitting:
         result, best = min(fitting, key=lambda pair: pair[1].time.total_s)
-        return _plan_dict(result, best)
+        return PlanRecord.of(result, best)
     near = [(r, r.closest) for r in results if r.closest is not None]
     if not near:
         raise UserError("the planner found no valid layout: " + "; ".join(results[0].suggestions))
@@ -157,30 +158,13 @@ def plan_check(cfg: RootConfig, *, force: bool) -> dict[str, Any]:
             f"device but {result.usable_gib:.3g} GiB are usable on {cfg.cluster.name}{hint}; "
             "change the layout (see `llmctl plan`) or pass --ignore-fit"
         )
-    return _plan_dict(result, closest)
+    return PlanRecord.of(result, closest)
 
 
-def _with_sharding(cfg: RootConfig, sharding: str) -> RootConfig:
-    from llmctl.config import OptimizerSharding
-
+def _with_sharding(cfg: RootConfig, sharding: Sharding) -> RootConfig:
     out = copy.deepcopy(cfg)
-    out.parallel.optimizer_sharding = OptimizerSharding(str(sharding))
+    out.parallel.optimizer_sharding = sharding
     return out
-
-
-def _plan_dict(result: PlanResult, ev: Evaluation) -> dict[str, Any]:
-    world = ev.layout.world_size
-    return {
-        "layout": ev.layout.as_dict(),
-        "layout_name": ev.layout.short(),
-        "fits": ev.fits,
-        "peak_mem_gib": ev.memory.total_gib,
-        "usable_gib": result.usable_gib,
-        "memory_gib": ev.memory.terms(),
-        "step_time_s": ev.time.total_s,
-        "tokens_per_s": ev.rates.tokens_per_s_per_gpu * world,
-        "mfu": ev.rates.mfu,
-    }
 
 
 def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, Any]:
@@ -197,7 +181,7 @@ def execute_train(launch: TrainLaunch, echo: TextIO | None = None) -> dict[str, 
 
     backend = backend_for(launch.kind)
     backend.check(launch)  # launcher requirements: before the run directory or any process
-    preflight(launch.cfg, launch.layout.world_size, launch.plan.get("layout"), data=launch.data)
+    preflight(launch.cfg, launch.layout.world_size, launch.plan.layout, data=launch.data)
     lock = _lock_run_dir(launch, backend)  # one trainer per run directory; before any write
     try:
         return _execute_locked(launch, backend, echo, lock)

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
     from llmctl.launch.jobs import RunStatus
     from llmctl.launch.reentry import ResumePoint
+    from llmctl.plan import Layout, PlanRecord
     from llmctl.run.data import DataSpec
-    from llmctl.run.layout import TrainLayout
     from llmctl.run.lock import RunLock
 
 BACKENDS: dict[str, str] = {
@@ -58,8 +58,8 @@ class TrainLaunch:
     cfg: RootConfig
     """The resolved configuration (what the run directory's config.yaml will hold)."""
     run_dir: Path
-    layout: TrainLayout
-    plan: dict[str, Any]
+    layout: Layout
+    plan: PlanRecord
     """The plan record (chosen layout and predictions) written to plan.json."""
     rendering: Rendering
     resume_point: ResumePoint | None = None
@@ -74,12 +74,14 @@ class TrainLaunch:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: what would run (the --dry-run/--json view)."""
+        from llmctl.run.layout import layout_record
+
         out: dict[str, Any] = {
             "kind": self.kind,
             "run_dir": str(self.run_dir),
-            "layout": self.layout.as_dict(),
+            "layout": layout_record(self.layout, self.cfg.train.global_batch_size),
             "world_size": self.layout.world_size,
-            "plan": self.plan,
+            "plan": self.plan.as_dict(),
         }
         if self.resume_point is not None:
             out["resume"] = self.resume_point.as_dict()
@@ -116,7 +118,7 @@ class Backend(Protocol):
         """The config with this backend's defaults filled in, before planning (pure)."""
         ...
 
-    def render(self, cfg: RootConfig, run_dir: Path, layout: TrainLayout) -> Rendering:
+    def render(self, cfg: RootConfig, run_dir: Path, layout: Layout) -> Rendering:
         """What will run (pure apart from reading files the config names, e.g. a hostfile)."""
         ...
 

@@ -123,5 +123,5 @@ def _pinned_sharding(run_dir: Path, saved: RootConfig, overrides: list[str]) -> 
         o.lstrip("+~").startswith(f"{key}=") for o in overrides
     ):
         return []
-    planned = (read_plan(run_dir).get("layout") or {}).get("optimizer_sharding")
-    return [f"{key}={planned}"] if planned else []
+    plan = read_plan(run_dir)
+    return [f"{key}={plan.layout.optimizer_sharding}"] if plan is not None else []

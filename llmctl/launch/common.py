@@ -17,7 +17,7 @@ from llmctl.errors import UserError
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
-    from llmctl.run.layout import TrainLayout
+    from llmctl.plan import Layout
 
 ENTRY_MODULE = "llmctl.train.entry"
 NODE_MODULE = "llmctl.launch.node"
@@ -65,7 +65,7 @@ def check_launcher_values(cfg: RootConfig, *, port_spread: int = 0) -> None:
         )
 
 
-def layout_of(cfg: RootConfig, layout: TrainLayout | None) -> TrainLayout:
+def layout_of(cfg: RootConfig, layout: Layout | None) -> Layout:
     """The given layout, or the one the configuration alone implies (DP defaults to 1)."""
     if layout is not None:
         return layout
@@ -74,7 +74,7 @@ def layout_of(cfg: RootConfig, layout: TrainLayout | None) -> TrainLayout:
     return resolve_layout(cfg)
 
 
-def launch_shape(cfg: RootConfig, layout: TrainLayout, num_nodes: int) -> Shape:
+def launch_shape(cfg: RootConfig, layout: Layout, num_nodes: int) -> Shape:
     """Processes per node for `num_nodes` nodes, checked against the layout's world size.
 
     Raises:

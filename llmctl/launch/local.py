@@ -37,22 +37,20 @@ if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
     from llmctl.launch.backend import Backend, Outcome, Started, TrainLaunch
     from llmctl.launch.jobs import RunStatus
-    from llmctl.run.layout import TrainLayout
+    from llmctl.plan import Layout
     from llmctl.run.lock import RunLock
 
 LOG_FILE = "launcher.log"
 """The launcher's copy of the run's console output, under RUN_DIR/logs/."""
 
 
-def render_local(
-    cfg: RootConfig, run_dir: str | Path, layout: TrainLayout | None = None
-) -> list[str]:
+def render_local(cfg: RootConfig, run_dir: str | Path, layout: Layout | None = None) -> list[str]:
     """The torchrun command line of a one-node run (pure).
 
     Args:
         cfg: The resolved RootConfig.
         run_dir: The run directory the entry point reads its config from.
-        layout: The resolved TrainLayout; None = the one the config alone implies.
+        layout: The resolved layout; None = the one the config alone implies.
 
     Raises:
         UserError: The config asks for several nodes, or the layout and nproc disagree.
@@ -73,7 +71,7 @@ def render_local(
     ]
 
 
-def render_local_env(cfg: RootConfig, layout: TrainLayout | None = None) -> dict[str, str]:
+def render_local_env(cfg: RootConfig, layout: Layout | None = None) -> dict[str, str]:
     """Environment added for a one-node run (pure)."""
     return launch_env(cfg, launch_shape(cfg, layout_of(cfg, layout), 1))
 
@@ -208,7 +206,7 @@ class LocalBackend:
         """No defaults of its own."""
         return cfg
 
-    def render(self, cfg: RootConfig, run_dir: Path, layout: TrainLayout) -> LocalCommand:
+    def render(self, cfg: RootConfig, run_dir: Path, layout: Layout) -> LocalCommand:
         """`render_local` and `render_local_env`."""
         argv = render_local(cfg, run_dir, layout)
         return LocalCommand(argv=tuple(argv), env=render_local_env(cfg, layout))

@@ -22,8 +22,8 @@ from llmctl.errors import UserError
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
+    from llmctl.plan import Layout
     from llmctl.run.ckpt_store import Validation
-    from llmctl.run.layout import TrainLayout
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ResumePoint:
 
 
 def inspect_run_dir(
-    cfg: RootConfig, layout: TrainLayout, *, restart_from_scratch: bool
+    cfg: RootConfig, layout: Layout, *, restart_from_scratch: bool
 ) -> ResumePoint | None:
     """Decide what a launch into `cfg.train.run_dir` will load; None for a new run directory.
 
@@ -125,7 +125,7 @@ CHECK_CHILD = "config.yaml"
 """A file every run directory holds: its parent (the run directory) must be writable."""
 
 
-def check_checkpoint_matches(ckpt_dir: Path, cfg: RootConfig, layout: TrainLayout) -> None:
+def check_checkpoint_matches(ckpt_dir: Path, cfg: RootConfig, layout: Layout) -> None:
     """The ranks' compatibility check (model fields, optimizer sharding), run in the launcher.
 
     Raises:

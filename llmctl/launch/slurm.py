@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
     from llmctl.launch.backend import Backend, Outcome, Started, TrainLaunch
     from llmctl.launch.jobs import RunStatus
-    from llmctl.run.layout import TrainLayout
+    from llmctl.plan import Layout
     from llmctl.run.lock import RunLock
 
 SCRIPT_NAME = "launch.sbatch"
@@ -142,13 +142,13 @@ def _directives(cfg: RootConfig, run_dir: str | Path, nproc: int) -> list[str]:
     return [f"#SBATCH {line}" for line in lines]
 
 
-def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: TrainLayout | None = None) -> str:
+def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: Layout | None = None) -> str:
     """The sbatch script of a run (pure).
 
     Args:
         cfg: The resolved RootConfig (`cluster.num_nodes` nodes).
         run_dir: The run directory (on a filesystem every node sees).
-        layout: The resolved TrainLayout; None = the one the config alone implies.
+        layout: The resolved layout; None = the one the config alone implies.
 
     Raises:
         UserError: A world size the layout cannot hold, or a malformed launcher value.
@@ -412,7 +412,7 @@ class SlurmBackend:
             return cfg
         return replace(cfg, checkpoint=replace(cfg.checkpoint, interval=interval))
 
-    def render(self, cfg: RootConfig, run_dir: Path, layout: TrainLayout) -> SbatchScript:
+    def render(self, cfg: RootConfig, run_dir: Path, layout: Layout) -> SbatchScript:
         """`render_sbatch`."""
         return SbatchScript(render_sbatch(cfg, run_dir, layout))
 

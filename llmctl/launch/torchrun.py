@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
     from llmctl.launch.backend import Backend, Outcome, Started, TrainLaunch
     from llmctl.launch.jobs import RunStatus
-    from llmctl.run.layout import TrainLayout
+    from llmctl.plan import Layout
     from llmctl.run.lock import RunLock
 
 PROBE_TIMEOUT_S = 30.0
@@ -98,7 +98,7 @@ def render_torchrun_nodes(
     cfg: RootConfig,
     run_dir: str | Path,
     hosts: tuple[Host, ...],
-    layout: TrainLayout | None = None,
+    layout: Layout | None = None,
 ) -> list[NodeCommand]:
     """Per-node torchrun commands and their ssh wrapping (pure).
 
@@ -106,7 +106,7 @@ def render_torchrun_nodes(
         cfg: The resolved RootConfig; `cluster.num_nodes` hosts are used.
         run_dir: The run directory; it must be on a filesystem every node sees at this path.
         hosts: The parsed hostfile; the first `cluster.num_nodes` entries are used.
-        layout: The resolved TrainLayout; None = the one the config alone implies.
+        layout: The resolved layout; None = the one the config alone implies.
 
     Raises:
         UserError: Too few hosts, slots too small, or a world size the layout cannot hold.
@@ -559,7 +559,7 @@ class TorchrunBackend:
         """No defaults of its own."""
         return cfg
 
-    def render(self, cfg: RootConfig, run_dir: Path, layout: TrainLayout) -> NodeCommands:
+    def render(self, cfg: RootConfig, run_dir: Path, layout: Layout) -> NodeCommands:
         """`render_torchrun_nodes` over `launcher.hostfile`.
 
         Raises:

@@ -8,6 +8,7 @@ from llmctl.plan.calibrate import PerfRecord, calibrate
 from llmctl.plan.layout import Layout, StageSplit, split_layers
 from llmctl.plan.memory import MemoryBreakdown
 from llmctl.plan.perf import StepTime, Throughput
+from llmctl.plan.record import PLAN_RECORD_VERSION, PlanRecord
 from llmctl.plan.search import Evaluation, PlanResult, Rejection, evaluate, plan
 from llmctl.plan.specs import (
     AttentionKernel,
@@ -23,6 +24,7 @@ from llmctl.plan.specs import (
 )
 
 __all__ = [
+    "PLAN_RECORD_VERSION",
     "AttentionKernel",
     "ClusterSpec",
     "Constraints",
@@ -33,6 +35,7 @@ __all__ = [
     "ModelSpec",
     "PerfRecord",
     "PlanInput",
+    "PlanRecord",
     "PlanResult",
     "Recompute",
     "Rejection",

@@ -13,7 +13,9 @@ Uneven pipeline splits (what we do when PP does not divide the layers):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from llmctl.plan.specs import Recompute, Sharding
 
@@ -60,7 +62,14 @@ def split_layers(num_layers: int, pp: int, vpp: int, allow_uneven: bool) -> Stag
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
-    """Parallel degrees, micro-batch and memory options of one candidate.
+    """Parallel degrees, micro-batch and memory options of one layout: a planner candidate or
+    the layout a run trains with (`llmctl.run.layout.resolve_layout` builds that one).
+
+    Conventions: `vpp` 1 = no interleaving; `etp` None = TP (megatron-core's default; the
+    planner leaves it None unless `parallel.etp` fixes it, a run's layout keeps the value it
+    was given, which its saved record writes back); `optimizer_sharding` is the config's
+    `parallel.optimizer_sharding`. The global batch size is the run's (`RunSpec`,
+    `train.global_batch_size`), not the layout's.
 
     Validated at construction: `Layout.__post_init__` checks each degree; products against a
     world size are checked by `check_world` (the planner's errors name the failing product).
@@ -75,20 +84,20 @@ class Layout:
     micro_batch_size: int = 1
     sequence_parallel: bool = False
     recompute: Recompute = Recompute.none
-    sharding: Sharding = Sharding.distributed
+    optimizer_sharding: Sharding = Sharding.distributed
     loss_balanced: bool = False
-    etp: int = 0
-    """Expert tensor-parallel size (megatron-core `expert_tensor_parallel_size`); 0 = TP, its
-    default (normalised to 0 when equal to TP, so both spellings are one layout)."""
+    etp: int | None = None
+    """Expert tensor-parallel size (megatron-core `expert_tensor_parallel_size`); None = TP."""
+    moe_a2a_overlap: bool = False
+    """megatron-core `overlap_moe_expert_parallel_comm` (`parallel.moe_a2a_overlap`); set on
+    the layout a run trains with (the planner reads `RunSpec.moe_a2a_overlap`)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.upper()} must be >= 1, got {getattr(self, name)}")
-        if self.etp < 0:
-            raise ValueError(f"ETP must be >= 1 (or 0 = TP), got {self.etp}")
-        if self.etp == self.tp:
-            object.__setattr__(self, "etp", 0)
+        if self.etp is not None and self.etp < 1:
+            raise ValueError(f"ETP must be >= 1 (or unset = TP), got {self.etp}")
         if self.vpp > 1 and self.pp == 1:
             raise ValueError(f"VPP={self.vpp} needs PP > 1")
         if self.sequence_parallel and self.tp == 1:
@@ -100,8 +109,13 @@ class Layout:
         return self.tp * self.pp * self.cp * self.dp
 
     @property
+    def interleaved(self) -> bool:
+        """Whether the interleaved (virtual pipeline) schedule runs: VPP > 1 (needs PP > 1)."""
+        return self.vpp > 1
+
+    @property
     def expert_tp(self) -> int:
-        """Expert tensor-parallel size: `etp`, or TP when 0."""
+        """Expert tensor-parallel size: `etp`, or TP when unset."""
         return self.etp or self.tp
 
     @property
@@ -111,7 +125,7 @@ class Layout:
         return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
     def num_microbatches(self, global_batch_size: int) -> int:
-        """Micro-batches per step on each data-parallel rank."""
+        """Micro-batches per step on each data-parallel rank (gradient accumulation)."""
         return global_batch_size // (self.micro_batch_size * self.dp)
 
     def short(self) -> str:
@@ -122,18 +136,19 @@ class Layout:
         parts += [f"CP{self.cp}"]
         if self.ep > 1:
             parts.append(f"EP{self.ep}")
-        if self.etp:
+        if self.expert_tp != self.tp:
             parts.append(f"ETP{self.etp}")
         parts += [f"DP{self.dp}", f"MBS{self.micro_batch_size}"]
         if self.sequence_parallel:
             parts.append("SP")
-        parts += [f"rc={self.recompute.value}", f"opt={self.sharding.value}"]
+        parts += [f"rc={self.recompute.value}", f"opt={self.optimizer_sharding.value}"]
         if self.loss_balanced and self.pp > 1:
             parts.append("lossbal")
         return " ".join(parts)
 
     def as_dict(self) -> dict[str, int | bool | str]:
-        """Plain dict (JSON, perf.json `layout`)."""
+        """The planner's plain dict (`plan --json`, plan.json `layout`; `layout_from_dict`
+        reads it back). The runner's saved form is `llmctl.run.layout.layout_record`."""
         return {
             "tp": self.tp,
             "pp": self.pp,
@@ -144,10 +159,48 @@ class Layout:
             "micro_batch_size": self.micro_batch_size,
             "sequence_parallel": self.sequence_parallel,
             "recompute": self.recompute.value,
-            "optimizer_sharding": self.sharding.value,
+            "optimizer_sharding": self.optimizer_sharding.value,
             "loss_balanced": self.loss_balanced,
             "etp": self.expert_tp,
         }
+
+
+LAYOUT_DICT_KEYS = (
+    "cp", "dp", "ep", "etp", "loss_balanced", "micro_batch_size", "optimizer_sharding", "pp",
+    "recompute", "sequence_parallel", "sharding", "tp", "vpp",
+)  # fmt: skip
+"""Keys `layout_from_dict` accepts: those of `Layout.as_dict`, and `sharding` (the name of
+`optimizer_sharding` on the planner's layout before it was shared with the runner)."""
+
+
+def layout_from_dict(data: Mapping[str, Any]) -> Layout:
+    """The Layout of a mapping with `Layout.as_dict` keys; missing keys take the defaults.
+
+    `etp` is the expert TP as `as_dict` writes it: equal to `tp` (or 0, or null) it reads as
+    unset (None = TP), so `layout_from_dict(layout.as_dict()) == layout` for the planner's
+    layouts.
+
+    Raises:
+        KeyError: an unknown key (named in the message).
+        ValueError: a bad value (`Layout`'s message, or the enum's).
+        TypeError: a value of the wrong type.
+    """
+    for key in data:
+        if key not in LAYOUT_DICT_KEYS:
+            raise KeyError(key)
+    values = dict(data)
+    if "sharding" in values:  # `optimizer_sharding` wins when both are given
+        values.setdefault("optimizer_sharding", values.pop("sharding"))
+    if "recompute" in values:
+        values["recompute"] = Recompute(str(values["recompute"]))
+    if "optimizer_sharding" in values:
+        values["optimizer_sharding"] = Sharding(str(values["optimizer_sharding"]))
+    etp = values.get("etp")
+    if isinstance(etp, int) and etp < 0:
+        raise ValueError(f"ETP must be >= 1 (or 0 = TP), got {etp}")
+    if etp in (0, None, values.get("tp", 1)):
+        values["etp"] = None
+    return Layout(**values)
 
 
 def check_world(world: int, tp: int, pp: int, cp: int) -> None:

@@ -257,7 +257,7 @@ def stage_terms(
     """Bytes of (weights, grads, optimizer, activations, fp8 buffers) on stage `rank`."""
     static = _static(model, run, layout, split, num_microbatches, rank)
     shard = layout.dp * layout.cp
-    w, g, o, f = _states(run, layout.sharding, static, shard, layout.expert_dp)
+    w, g, o, f = _states(run, layout.optimizer_sharding, static, shard, layout.expert_dp)
     return w, g, o, static[4], f
 
 

@@ -156,9 +156,9 @@ def overlap_refusal(layout: Layout) -> str | None:
     return None
 
 
-def ep_span(tp: int, ep: int, etp: int = 0) -> int:
+def ep_span(tp: int, ep: int, etp: int | None = None) -> int:
     """Consecutive ranks one expert-parallel group spans: megatron-core's expert rank order
-    (tp-cp-ep-dp-pp with ETP in TP's place) strides EP ranks by ETP (0 = TP), so the group
+    (tp-cp-ep-dp-pp with ETP in TP's place) strides EP ranks by ETP (None = TP), so the group
     covers ETP*EP ranks (TP2 EP32 ETP1: 32 ranks, 4 nodes of 8, not 64)."""
     return (etp or tp) * ep
 

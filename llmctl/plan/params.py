@@ -36,9 +36,9 @@ def _norm(model: ModelSpec) -> int:
 
 
 @lru_cache(maxsize=4096)
-def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 0) -> LayerParams:
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None) -> LayerParams:
     """Parameters of one layer held by one rank with tensor-parallel size `tp` (experts split
-    over the expert tensor-parallel size `etp`, 0 = `tp`)."""
+    over the expert tensor-parallel size `etp`, None = `tp`)."""
     h, d = model.hidden_size, model.kv_channels
     q, kv = model.num_attention_heads * d, 2 * model.num_query_groups * d
     bias = model.add_bias_linear
@@ -89,7 +89,7 @@ def stage_params(
     layers: int,
     first: bool,
     last: bool,
-    etp: int = 0,
+    etp: int | None = None,
 ) -> LayerParams:
     """Parameters on one rank of a stage with `layers` transformer layers."""
     lp = layer_params(model, tp, ep, etp)

@@ -201,10 +201,10 @@ def layer_gemm_s(
     tp: int,
     ep: int,
     fwd: float,
-    etp: int = 0,
+    etp: int | None = None,
 ) -> float:
     """GEMM seconds of one layer for `tokens` tokens on one TP rank (forward + backward);
-    the experts split over `etp` ranks (0 = TP) that share the routed tokens of their
+    the experts split over `etp` ranks (None = TP) that share the routed tokens of their
     `etp` sequence-parallel shares, hence `tokens * etp / tp` at expert TP `etp`."""
     h, d = model.hidden_size, model.kv_channels
     q, kv = model.num_attention_heads * d, model.num_query_groups * d
@@ -263,8 +263,8 @@ def _slot_cached(
     model: ModelSpec,
     cluster: ClusterSpec,
     run: RunSpec,
-    tp_size: int,
-    cp_size: int,
+    tp: int,
+    cp: int,
     ep: int,
     vpp: int,
     mbs: int,
@@ -272,47 +272,47 @@ def _slot_cached(
     recompute: Recompute,
     layers: int,
     last: bool,
-    etp: int = 0,
+    etp: int | None = None,
 ) -> Slot:
     lay = Layout(
-        tp=tp_size,
-        cp=cp_size,
+        tp=tp,
+        cp=cp,
         ep=ep,
         etp=etp,
         micro_batch_size=mbs,
         sequence_parallel=sp,
         recompute=recompute,
     )
-    tok = mbs * model.seq_length / cp_size
+    tok = mbs * model.seq_length / cp
     fl = token_flops(model)
     g_mul, c_mul = recompute_factor(fl, recompute)
     fwd = 2.0 if recompute == Recompute.full else 1.0
-    gemm = layers * layer_gemm_s(model, cluster, run.compute_dtype, tok, tp_size, ep, fwd, etp)
+    gemm = layers * layer_gemm_s(model, cluster, run.compute_dtype, tok, tp, ep, fwd, etp)
     if last:
-        gemm += _logits_s(model, cluster, run, tok, tp_size)
+        gemm += _logits_s(model, cluster, run, tok, tp)
     core = _attention_s(model, cluster, run, lay, tok, c_mul)
     act = layer_activation_bytes(
-        model, run, tp=tp_size, cp=cp_size, mbs=mbs, sp=sp, recompute=Recompute.selective
+        model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=Recompute.selective
     )
     elem = cluster.efficiency.elementwise_passes * act * g_mul / (cluster.hbm_bandwidth_gb_s * 1e9)
     eff = cluster.efficiency
-    per_layer = eff.layer_overhead_us * fwd + eff.cp_step_overhead_us * (cp_size - 1)
+    per_layer = eff.layer_overhead_us * fwd + eff.cp_step_overhead_us * (cp - 1)
     overhead = (layers * per_layer + vpp * eff.chunk_overhead_us) * 1e-6
-    tp = layers * _tp_comm_s(model, cluster, run.compute_dtype, tok, tp_size, sp, fwd)
-    kv = 2.0 * tok * model.num_query_groups * model.kv_channels * 2.0 / tp_size
-    bw, lat = _link(cluster, tp_size * cp_size)
-    ring = 3.0 * (cp_size - 1) * (kv / bw + lat) if cp_size > 1 else 0.0
-    cp = layers * _exposed(ring, core, eff.overlap_cost)
+    tp_s = layers * _tp_comm_s(model, cluster, run.compute_dtype, tok, tp, sp, fwd)
+    kv = 2.0 * tok * model.num_query_groups * model.kv_channels * 2.0 / tp
+    bw, lat = _link(cluster, tp * cp)
+    ring = 3.0 * (cp - 1) * (kv / bw + lat) if cp > 1 else 0.0
+    cp_s = layers * _exposed(ring, core, eff.overlap_cost)
     moe = 0.0
     if model.is_moe:
-        elem += moe_terms.memory_s(model, cluster, tok, tp_size, fwd)
-    e = etp or tp_size
+        elem += moe_terms.memory_s(model, cluster, tok, tp, fwd)
+    e = etp or tp
     if model.is_moe and (ep > 1 or e > 1):
         # megatron-core's alltoall dispatcher: the EP all-to-all (its group strided by ETP,
         # so spanning ETP*EP ranks), then with ETP > 1 an all-gather of the routed tokens
         # over the ETP group (reduce-scatter in the combine); backward mirrors both.
-        sent = moe_terms.dispatch_bytes(model, tok, tp_size)
-        span = moe_terms.ep_span(tp_size, ep, etp)
+        sent = moe_terms.dispatch_bytes(model, tok, tp)
+        span = moe_terms.ep_span(tp, ep, etp)
         a2a = 4.0 * (all_to_all_s(cluster, ep, span, sent) + ring_time(cluster, e, e, e * sent))
         window = gemm / layers + core + elem
         overlap = run.moe_a2a_overlap and ep > 1
@@ -322,8 +322,8 @@ def _slot_cached(
         attention=layers * core,
         elementwise=layers * elem,
         overhead=overhead,
-        tp=tp,
-        cp=cp,
+        tp=tp_s,
+        cp=cp_s,
         moe=moe,
     )
 
@@ -421,7 +421,7 @@ def _dp_time(
         rs += ring_time(cluster, ne, span, p.expert * gbytes)
         ag += ring_time(cluster, ne, span, p.expert * wbytes)
     cost = cluster.efficiency.overlap_cost
-    if lay.sharding == Sharding.full:
+    if lay.optimizer_sharding == Sharding.full:
         # Megatron FSDP gathers each layer before its forward and reduce-scatters it after its
         # backward: the step's first gather and last reduce-scatter have nothing to hide behind.
         unit = layer_params(model, lay.tp, lay.ep).dense
@@ -434,7 +434,7 @@ def _dp_time(
     bucket = min(float(p.dense), max(4e7, 1e6 * lay.dp))
     rs_tail = ring_time(cluster, n, span, bucket * gbytes)
     ag_tail = ring_time(cluster, n, span, bucket * wbytes)
-    if lay.sharding == Sharding.none:
+    if lay.optimizer_sharding == Sharding.none:
         rs, ag, rs_tail, ag_tail = 2.0 * rs, 0.0, 2.0 * rs_tail, 0.0
     return (
         rs_tail
@@ -446,7 +446,7 @@ def _dp_time(
 
 @lru_cache(maxsize=65536)
 def rank_params(
-    model: ModelSpec, tp: int, pp: int, ep: int, split: StageSplit, etp: int = 0
+    model: ModelSpec, tp: int, pp: int, ep: int, split: StageSplit, etp: int | None = None
 ) -> LayerParams:
     """Parameters of the rank that holds the most: the first stage adds the embeddings, the
     last the output layer (its own copy when tied and PP > 1). Its gradient reduce and
@@ -617,10 +617,10 @@ def _sharded(
     slot_s: float,
     m: int,
 ) -> tuple[float, float]:
-    """Seconds of (exposed DP communication, optimizer step) for `layout.sharding`."""
+    """Seconds of (exposed DP communication, optimizer step) for `layout.optimizer_sharding`."""
     dp = _dp_time(model, cluster, run, layout, split, slot_s, m)
     owned = rank_params(model, layout.tp, layout.pp, layout.ep, split, layout.etp).total
-    shard = layout.dp * layout.cp if layout.sharding != Sharding.none else 1
+    shard = layout.dp * layout.cp if layout.optimizer_sharding != Sharding.none else 1
     # fp32 master read+write 8, Adam m and v read+write 16, gradient read, parameter write.
     per_param = 24.0 + BYTES[run.grad_dtype] + BYTES[run.params_dtype]
     opt = owned / shard * per_param / (cluster.hbm_bandwidth_gb_s * 1e9)

@@ -63,12 +63,12 @@ def row_layout(row: dict[str, Any]) -> Layout:
         vpp=row["vpp"],
         cp=row["cp"],
         ep=row.get("ep", 1),
-        etp=row.get("etp", 0),
+        etp=row.get("etp"),
         dp=dp,
         micro_batch_size=row["mbs"],
         sequence_parallel=row["sp"],
         recompute=Recompute(row["recompute"]),
-        sharding=Sharding(row["sharding"]),
+        optimizer_sharding=Sharding(row["sharding"]),
         loss_balanced=row.get("loss_balanced", False) and row["pp"] > 1,
     )
 

@@ -161,7 +161,7 @@ def check_constraints(inp: PlanInput) -> None:
     _check_moe(inp)
     if c.sequence_parallel and c.tp == 1:
         raise ValueError("sequence parallelism needs TP > 1 (TP=1 is fixed)")
-    if c.sharding == Sharding.full and c.pp and c.pp > 1:
+    if c.optimizer_sharding == Sharding.full and c.pp and c.pp > 1:
         raise ValueError(f"full sharding (FSDP) needs PP=1, PP={c.pp} is fixed")
     if c.dp and c.tp and c.pp and c.cp is not None and c.dp * c.tp * c.pp * c.cp != world:
         raise ValueError(
@@ -289,7 +289,7 @@ def _options(inp: PlanInput, tp: int, pp: int) -> list[tuple[bool, Recompute, li
     c = inp.constraints
     sps = [c.sequence_parallel] if c.sequence_parallel is not None else [tp > 1]
     rcs = [c.recompute] if c.recompute else list(Recompute)
-    shs = [c.sharding] if c.sharding else list(Sharding)
+    shs = [c.optimizer_sharding] if c.optimizer_sharding else list(Sharding)
     shs = [sh for sh in shs if not (sh == Sharding.full and pp > 1)]
     return [(sp, rc, shs) for sp in sps if not (sp and tp == 1) for rc in rcs if shs]
 
@@ -312,12 +312,12 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
         if reason:
             rej.add(reason)
         opts = _options(inp, tp, pp)
-        if dp * cp == 1 and c.sharding is None:
+        if dp * cp == 1 and c.optimizer_sharding is None:
             # One rank per optimizer-sharding group: megatron-core's distributed optimizer and
             # FSDP shard over nothing, so they are the same run as no sharding (FSDP only adds
             # gathered-layer memory); counting them would triple such layouts in the ranks.
             opts = [(sp, rc, [Sharding.none]) for sp, rc, _ in opts]
-        if pp > 1 and c.sharding == Sharding.full:
+        if pp > 1 and c.optimizer_sharding == Sharding.full:
             rej.add("full sharding (FSDP) needs PP=1")
         for mbs in mbss:
             if gbs % (mbs * dp):
@@ -344,12 +344,12 @@ def _groups(inp: PlanInput) -> tuple[list[list[Layout]], dict[str, int]]:
                         sequence_parallel=sp,
                         recompute=rc,
                         loss_balanced=inp.search.balance_loss and pp > 1,
-                        etp=c.etp or 0,
+                        etp=c.etp,
                     )
                     if moe and (why := layout_refusal(base, overlap)):
                         rej.add(why)  # megatron-core refuses it (moe.layout_refusal)
                         continue
-                    out.append([replace(base, sharding=sh) for sh in shs])
+                    out.append([replace(base, optimizer_sharding=sh) for sh in shs])
     return out, rej.counts
 
 
@@ -391,7 +391,7 @@ def _score(inp: PlanInput, group: list[Layout]) -> list[tuple[float, float, Layo
     first = group[0]
     split = _split(model.num_layers, first.pp, first.vpp, inp.search.allow_uneven_pp)
     m = first.num_microbatches(run.global_batch_size)
-    shardings = [lay.sharding for lay in group]
+    shardings = [lay.optimizer_sharding for lay in group]
     gibs = peak_gib_options(model, cluster, run, first, shardings, split=split, num_microbatches=m)
     steps = step_s_options(model, cluster, run, group, split)
     return list(zip(steps, gibs, group, strict=True))
@@ -415,7 +415,7 @@ def suggestions(inp: PlanInput, *, valid: bool = True) -> list[str]:
         ("more pipeline stages (PP searched)", dict(pp=None, vpp=None, dp=None)),
         ("TP searched", dict(tp=None, dp=None)),
         ("CP searched", dict(cp=None, dp=None)),
-        ("optimizer sharding searched", dict(sharding=None)),
+        ("optimizer sharding searched", dict(optimizer_sharding=None)),
     ]
     out = []
     for text, change in steps:

@@ -264,7 +264,7 @@ class Constraints:
     micro_batch_size: int | None = None
     sequence_parallel: bool | None = None
     recompute: Recompute | None = None
-    sharding: Sharding | None = None
+    optimizer_sharding: Sharding | None = None
     allow_tp_outside_nvlink: bool = False
 
 

@@ -6,10 +6,12 @@ are returned (megatron-core's distributed checkpoints reshard across them on loa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
+from llmctl.plan.layout import Layout
+from llmctl.run.layout import layout_record
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
@@ -21,25 +23,6 @@ ARCH_FIELDS = (
     "tied_embeddings", "add_bias_linear", "num_experts",
 )  # fmt: skip
 LAYOUT_DIMS = ("tp", "pp", "vpp", "cp", "ep", "dp")
-
-
-class CheckpointedLayout(Protocol):
-    """What the checks read of a run's layout (the `LAYOUT_DIMS` and the optimizer sharding)."""
-
-    @property
-    def tp(self) -> int: ...
-    @property
-    def pp(self) -> int: ...
-    @property
-    def vpp(self) -> int | None: ...
-    @property
-    def cp(self) -> int: ...
-    @property
-    def ep(self) -> int: ...
-    @property
-    def dp(self) -> int: ...
-    @property
-    def optimizer_sharding(self) -> str: ...
 
 
 def uses_torch_adam() -> bool:
@@ -54,7 +37,7 @@ def uses_torch_adam() -> bool:
     return False
 
 
-def check_optimizer_checkpointable(layout: CheckpointedLayout) -> None:
+def check_optimizer_checkpointable(layout: Layout) -> None:
     """Refuse distributed-optimizer checkpoints where megatron-core cannot reload them.
 
     Raises:
@@ -69,9 +52,7 @@ def check_optimizer_checkpointable(layout: CheckpointedLayout) -> None:
         )
 
 
-def check_compatible(
-    saved: dict[str, Any], cfg: RootConfig, layout: CheckpointedLayout
-) -> list[str]:
+def check_compatible(saved: dict[str, Any], cfg: RootConfig, layout: Layout) -> list[str]:
     """Compare a checkpoint's train_state with this run. Returns the layout dims that changed.
 
     Raises:
@@ -86,10 +67,10 @@ def check_compatible(
                 f"checkpoint was saved with model.{name}={saved_model[name]}, this run has "
                 f"{have}; a checkpoint only loads into the same model"
             )
-    old = saved.get("layout", {})
-    if old.get("optimizer_sharding", "none") != layout.optimizer_sharding:
+    old, now = saved.get("layout", {}), layout_record(layout, cfg.train.global_batch_size)
+    if old.get("optimizer_sharding", "none") != now["optimizer_sharding"]:
         raise UserError(
             f"checkpoint: parallel.optimizer_sharding changed ({old.get('optimizer_sharding')} -> "
             f"{layout.optimizer_sharding}); the optimizer state cannot be converted"
         )
-    return [d for d in LAYOUT_DIMS if d in old and old[d] != getattr(layout, d)]
+    return [d for d in LAYOUT_DIMS if d in old and old[d] != now[d]]  # in the saved form

@@ -4,140 +4,147 @@ Pure Python (no torch): the launcher calls `resolve_layout` before starting any 
 layout the world size cannot hold is a one-line `UserError` naming the failing product.
 Precedence per field: explicit `cfg.parallel` value, then the plan's chosen layout, then the
 smallest valid default (1; DP fills the rest of the world).
+
+The layout is the planner's `llmctl.plan.Layout` (one class for both); its saved form in
+perf.json, a checkpoint's train_state.json and `train --dry-run --json` is `layout_record`,
+read back by `layout_from_record`. Imports nothing else from `llmctl.run` (`run.planning`
+uses this module, not the reverse).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from llmctl.errors import UserError
+from llmctl.plan.layout import Layout
+from llmctl.plan.moe import overlap_refusal
+from llmctl.plan.specs import Recompute, Sharding
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import ModelConfig, RootConfig
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
 
 # Optimizer shardings llmctl.train implements (train/optim.py refuses FSDP, "full").
-RUNNER_SHARDINGS = ("none", "distributed")
+RUNNER_SHARDINGS = (Sharding.none, Sharding.distributed)
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainLayout:
-    """Parallel degrees and batch split of one run. Validated at construction."""
-
-    tp: int
-    pp: int
-    vpp: int | None
-    cp: int
-    ep: int
-    dp: int
-    micro_batch_size: int
-    global_batch_size: int
-    sequence_parallel: bool
-    recompute: str
-    optimizer_sharding: str
-    moe_a2a_overlap: bool = False
-    """megatron-core `overlap_moe_expert_parallel_comm` (`parallel.moe_a2a_overlap`)."""
-    etp: int | None = None
-    """megatron-core `expert_tensor_parallel_size` (`parallel.etp`); None = TP."""
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "ep", "dp", "micro_batch_size", "global_batch_size"):
-            if getattr(self, name) < 1:
-                raise UserError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
-        if self.etp is not None and self.etp < 1:
-            raise UserError(f"parallel.etp must be >= 1 or null, got {self.etp}")
-        if self.vpp is not None and self.vpp < 1:
-            raise UserError(f"parallel.vpp must be >= 1 or null, got {self.vpp}")
-        per_step = self.micro_batch_size * self.dp
-        if self.global_batch_size % per_step:
-            raise UserError(
-                f"train.global_batch_size={self.global_batch_size} not divisible by "
-                f"micro_batch_size*dp = {self.micro_batch_size}*{self.dp}"
-            )
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks: TP*PP*CP*DP (EP folds into DP in megatron's layout)."""
-        return self.tp * self.pp * self.cp * self.dp
-
-    @property
-    def num_microbatches(self) -> int:
-        """Micro-batches per step per data-parallel rank (gradient accumulation)."""
-        return self.global_batch_size // (self.micro_batch_size * self.dp)
-
-    @property
-    def interleaved(self) -> bool:
-        """Whether the interleaved (virtual pipeline) schedule runs."""
-        return self.pp > 1 and self.vpp is not None and self.vpp > 1
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON (plan.json, perf.json, metrics)."""
-        return asdict(self)
-
-
-def _pick(explicit: Any, planned: dict[str, Any], key: str, default: Any) -> Any:
+def _pick(explicit: T | None, planned: T | None, default: T) -> T:
     if explicit is not None:
         return explicit
-    value = planned.get(key)
-    return default if value is None else value
-
-
-def _enum_value(value: Any) -> str:
-    return str(getattr(value, "value", value))
+    return default if planned is None else planned
 
 
 def resolve_layout(
-    cfg: Any, world_size: int | None = None, planned: dict[str, Any] | None = None
-) -> TrainLayout:
+    cfg: RootConfig, world_size: int | None = None, planned: Layout | None = None
+) -> Layout:
     """Resolve the layout of a run and check it against the model and world size.
 
     Args:
-        cfg: The resolved `RootConfig`.
+        cfg: The resolved config.
         world_size: Number of ranks launched; None = derive it from the layout (DP defaults 1).
-        planned: The plan's chosen layout (keys tp, pp, vpp, cp, ep, dp, micro_batch_size, ...).
+        planned: The plan's chosen layout (plan.json `layout`); its ETP is taken as the
+            plan's expert TP (`Layout.expert_tp`), as plan.json records it.
 
     Returns:
-        The validated layout.
+        The validated layout (`moe_a2a_overlap` from `parallel.moe_a2a_overlap`).
 
     Raises:
         UserError: If the degrees do not multiply to the world size or do not divide the model.
     """
-    p, planned = cfg.parallel, planned or {}
-    tp = int(_pick(p.tp, planned, "tp", 1))
-    pp = int(_pick(p.pp, planned, "pp", 1))
-    cp = int(_pick(p.cp, planned, "cp", 1))
-    vpp = _pick(p.vpp, planned, "vpp", None)
+    p, plan = cfg.parallel, planned
+    tp = _pick(p.tp, plan.tp if plan else None, 1)
+    pp = _pick(p.pp, plan.pp if plan else None, 1)
+    cp = _pick(p.cp, plan.cp if plan else None, 1)
     model_parallel = tp * pp * cp
     dp_default = 1 if world_size is None else max(world_size // model_parallel, 1)
-    dp = int(_pick(p.dp, planned, "dp", dp_default))
+    dp = _pick(p.dp, plan.dp if plan else None, dp_default)
     if world_size is not None and tp * pp * cp * dp != world_size:
         raise UserError(
             f"world size {world_size} != TP*PP*CP*DP = {tp}*{pp}*{cp}*{dp}; "
             "change parallel.* or the number of processes"
         )
-    layout = TrainLayout(
-        tp=tp,
-        pp=pp,
-        vpp=None if vpp in (None, 1) else int(vpp),
-        cp=cp,
-        ep=int(_pick(p.ep, planned, "ep", 1)),
-        dp=dp,
-        micro_batch_size=int(_pick(p.micro_batch_size, planned, "micro_batch_size", 1)),
-        global_batch_size=int(cfg.train.global_batch_size),
-        sequence_parallel=_sequence_parallel(cfg, planned, tp),
-        recompute=_enum_value(_pick(p.recompute, planned, "recompute", "none")),
-        optimizer_sharding=_enum_value(
-            _pick(p.optimizer_sharding, planned, "optimizer_sharding", "none")
+    values: dict[str, Any] = {
+        "tp": tp,
+        "pp": pp,
+        "vpp": _pick(p.vpp, plan.vpp if plan else None, 1),
+        "cp": cp,
+        "ep": _pick(p.ep, plan.ep if plan else None, 1),
+        "dp": dp,
+        "micro_batch_size": _pick(p.micro_batch_size, plan.micro_batch_size if plan else None, 1),
+        "sequence_parallel": _pick(
+            fixed_sequence_parallel(cfg, tp), plan.sequence_parallel if plan else None, False
         ),
-        moe_a2a_overlap=bool(p.moe_a2a_overlap),
-        etp=_optional_int(_pick(p.etp, planned, "etp", None)),
-    )
-    check_layout_fits_model(layout, cfg.model)
+        "recompute": Recompute(
+            _pick(p.recompute, plan.recompute if plan else None, Recompute.none)
+        ),
+        "optimizer_sharding": Sharding(
+            _pick(p.optimizer_sharding, plan.optimizer_sharding if plan else None, Sharding.none)
+        ),
+        "moe_a2a_overlap": bool(p.moe_a2a_overlap),
+        "etp": _pick(p.etp, plan.expert_tp if plan else None, None),
+    }
+    _check_degrees(values, cfg.train.global_batch_size)
+    _check_fits_model(values, cfg.train.global_batch_size, cfg.model)
+    layout = Layout(**values)
     check_moe_overlap(layout)
     return layout
 
 
-def check_moe_overlap(layout: TrainLayout) -> None:
+def _check_degrees(values: dict[str, Any], global_batch_size: int) -> None:
+    """Each degree >= 1 and the global batch split evenly over micro-batches and DP."""
+    degrees = [(n, values[n]) for n in ("tp", "pp", "cp", "ep", "dp", "micro_batch_size")]
+    for name, value in [*degrees, ("global_batch_size", global_batch_size)]:
+        if value < 1:
+            raise UserError(f"parallel.{name} must be >= 1, got {value}")
+    if values["etp"] is not None and values["etp"] < 1:
+        raise UserError(f"parallel.etp must be >= 1 or null, got {values['etp']}")
+    if values["vpp"] < 1:
+        raise UserError(f"parallel.vpp must be >= 1 or null, got {values['vpp']}")
+    mbs, dp = values["micro_batch_size"], values["dp"]
+    if global_batch_size % (mbs * dp):
+        raise UserError(
+            f"train.global_batch_size={global_batch_size} not divisible by "
+            f"micro_batch_size*dp = {mbs}*{dp}"
+        )
+
+
+def _check_fits_model(values: dict[str, Any], global_batch_size: int, model: ModelConfig) -> None:
+    """Check that the degrees divide the model's dimensions and the pipeline schedule's needs.
+
+    Raises:
+        UserError: Naming the dimension and the degree that does not divide it.
+    """
+    tp, pp, vpp, cp = values["tp"], values["pp"], values["vpp"], values["cp"]
+    checks = [
+        ("model.num_attention_heads", model.num_attention_heads, "TP", tp),
+        ("model.num_query_groups", model.num_query_groups, "TP", tp),
+        ("model.ffn_hidden_size", model.ffn_hidden_size, "TP", tp),
+        ("model.vocab_size", model.vocab_size, "TP", tp),
+        ("model.num_layers", model.num_layers, "PP*VPP", pp * vpp),
+        ("model.seq_length", model.seq_length, "2*CP", 2 * cp if cp > 1 else 1),
+    ]
+    for field, value, what, degree in checks:
+        if value % degree:
+            raise UserError(f"{field}={value} not divisible by {what}={degree}")
+    if vpp > 1 and pp == 1:
+        raise UserError("parallel.vpp needs parallel.pp > 1 (virtual stages interleave a pipeline)")
+    microbatches = global_batch_size // (values["micro_batch_size"] * values["dp"])
+    if vpp > 1 and microbatches % pp:
+        raise UserError(
+            f"interleaved pipeline needs micro-batches per step ({microbatches}) "
+            f"divisible by PP={pp}; change train.global_batch_size"
+        )
+    if values["sequence_parallel"] and tp == 1:
+        raise UserError("parallel.sequence_parallel needs parallel.tp > 1")
+
+
+def check_moe_overlap(layout: Layout) -> None:
     """Refuse, before launch, a layout megatron-core refuses `overlap_moe_expert_parallel_comm`
     for (the planner's `moe.overlap_refusal`, the same rules as its TransformerConfig).
 
@@ -146,20 +153,7 @@ def check_moe_overlap(layout: TrainLayout) -> None:
     """
     if not layout.moe_a2a_overlap:
         return
-    from llmctl.plan import Layout, Recompute
-    from llmctl.plan.moe import overlap_refusal
-
-    why = overlap_refusal(
-        Layout(
-            tp=layout.tp,
-            pp=layout.pp,
-            vpp=layout.vpp or 1,
-            cp=layout.cp,
-            ep=layout.ep,
-            dp=layout.dp,
-            recompute=Recompute(layout.recompute),
-        )
-    )
+    why = overlap_refusal(layout)
     if why:
         raise UserError(
             f"parallel.{why} (megatron-core); change the layout or set "
@@ -167,19 +161,67 @@ def check_moe_overlap(layout: TrainLayout) -> None:
         )
 
 
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+def layout_record(layout: Layout, global_batch_size: int) -> dict[str, int | bool | str | None]:
+    """The layout as runs save it (perf.json, train_state.json, `train --dry-run --json`).
+
+    The form earlier versions wrote, kept byte for byte: `vpp` null without interleaving,
+    `etp` null when unset (= TP), the run's global batch size alongside.
+    """
+    return {
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "vpp": layout.vpp if layout.interleaved else None,
+        "cp": layout.cp,
+        "ep": layout.ep,
+        "dp": layout.dp,
+        "micro_batch_size": layout.micro_batch_size,
+        "global_batch_size": global_batch_size,
+        "sequence_parallel": layout.sequence_parallel,
+        "recompute": layout.recompute.value,
+        "optimizer_sharding": layout.optimizer_sharding.value,
+        "moe_a2a_overlap": layout.moe_a2a_overlap,
+        "etp": layout.etp,
+    }
 
 
-def _sequence_parallel(cfg: Any, planned: dict[str, Any], tp: int) -> bool:
-    """Sequence parallelism: the config's, else the plan's; always off on CPU clusters.
+def layout_from_record(data: Mapping[str, Any]) -> Layout:
+    """The Layout of a saved `layout_record` (any earlier version's: absent optional keys
+    take their defaults, `vpp`/`etp` null or 0 = none/TP, sharding `none` when absent).
 
     Raises:
-        UserError: `parallel.sequence_parallel=true` with TP > 1 on a CPU cluster.
+        KeyError: tp, pp, dp or micro_batch_size missing.
+        TypeError, ValueError: a value that is not a valid degree or choice.
+    """
+    return Layout(
+        tp=int(data["tp"]),
+        pp=int(data["pp"]),
+        vpp=int(data.get("vpp") or 1),
+        cp=int(data.get("cp") or 1),
+        ep=int(data.get("ep") or 1),
+        etp=int(data["etp"]) if data.get("etp") else None,
+        dp=int(data["dp"]),
+        micro_batch_size=int(data["micro_batch_size"]),
+        sequence_parallel=bool(data.get("sequence_parallel")),
+        recompute=Recompute(str(data.get("recompute") or "none")),
+        optimizer_sharding=Sharding(str(data.get("optimizer_sharding") or "none")),
+        moe_a2a_overlap=bool(data.get("moe_a2a_overlap")),
+    )
+
+
+def fixed_sequence_parallel(cfg: RootConfig, tp: int | None) -> bool | None:
+    """The config's sequence-parallel choice (None = the plan's): on a CPU cluster off, as
+    llmctl's CPU layer runs tensor parallelism without it.
+
+    Args:
+        cfg: The resolved config.
+        tp: The run's TP, or the config's (None = searched) when planning.
+
+    Raises:
+        UserError: `parallel.sequence_parallel=true` with TP unset or > 1 on a CPU cluster.
     """
     explicit = cfg.parallel.sequence_parallel
     if str(cfg.cluster.device) != "cpu" or (explicit and tp == 1):
-        return bool(_pick(explicit, planned, "sequence_parallel", False))
+        return explicit
     if explicit:
         raise UserError(
             "parallel.sequence_parallel=true needs GPUs: llmctl's CPU layer runs tensor "
@@ -213,7 +255,7 @@ def with_cpu_ranks_for_layout(cfg: RootConfig) -> RootConfig:
     return replace(cfg, cluster=replace(c, gpus_per_node=world // c.num_nodes))
 
 
-def runner_shardings(cfg: Any) -> tuple[str, ...]:
+def runner_shardings(cfg: RootConfig) -> tuple[Sharding, ...]:
     """Optimizer shardings the plan may choose for a training run.
 
     On CPU (megatron-core's torch-Adam path) a distributed-optimizer checkpoint does not
@@ -231,39 +273,11 @@ def runner_shardings(cfg: Any) -> tuple[str, ...]:
         )
     cpu_checkpoints = str(cfg.cluster.device) == "cpu" and cfg.checkpoint.interval > 0
     if asked is None:
-        return ("none",) if cpu_checkpoints else RUNNER_SHARDINGS
+        return (Sharding.none,) if cpu_checkpoints else RUNNER_SHARDINGS
     if cpu_checkpoints and str(asked) == "distributed":
         raise UserError(
             "parallel.optimizer_sharding=distributed cannot be checkpointed on CPU "
             "(megatron-core's torch-Adam path does not reload it); use "
             "parallel.optimizer_sharding=none or checkpoint.interval=0"
         )
-    return (str(asked),)
-
-
-def check_layout_fits_model(layout: TrainLayout, model: Any) -> None:
-    """Check that the degrees divide the model's dimensions.
-
-    Raises:
-        UserError: Naming the dimension and the degree that does not divide it.
-    """
-    checks = [
-        ("model.num_attention_heads", model.num_attention_heads, "TP", layout.tp),
-        ("model.num_query_groups", model.num_query_groups, "TP", layout.tp),
-        ("model.ffn_hidden_size", model.ffn_hidden_size, "TP", layout.tp),
-        ("model.vocab_size", model.vocab_size, "TP", layout.tp),
-        ("model.num_layers", model.num_layers, "PP*VPP", layout.pp * (layout.vpp or 1)),
-        ("model.seq_length", model.seq_length, "2*CP", 2 * layout.cp if layout.cp > 1 else 1),
-    ]
-    for field, value, what, degree in checks:
-        if value % degree:
-            raise UserError(f"{field}={value} not divisible by {what}={degree}")
-    if layout.vpp is not None and layout.pp == 1:
-        raise UserError("parallel.vpp needs parallel.pp > 1 (virtual stages interleave a pipeline)")
-    if layout.interleaved and layout.num_microbatches % layout.pp:
-        raise UserError(
-            f"interleaved pipeline needs micro-batches per step ({layout.num_microbatches}) "
-            f"divisible by PP={layout.pp}; change train.global_batch_size"
-        )
-    if layout.sequence_parallel and layout.tp == 1:
-        raise UserError("parallel.sequence_parallel needs parallel.tp > 1")
+    return (Sharding(asked),)

@@ -39,8 +39,13 @@ from llmctl.plan import (
     plan,
 )
 from llmctl.plan.calibrate import MeasuredRun, calibrate_time
-from llmctl.plan.layout import StageSplit
+from llmctl.plan.layout import LAYOUT_DICT_KEYS, StageSplit, layout_from_dict
 from llmctl.plan.perf import loss_layers_moved
+from llmctl.run.layout import (
+    fixed_sequence_parallel,
+    layout_from_record,
+    with_cpu_ranks_for_layout,
+)
 
 
 def model_spec(cfg: RootConfig) -> ModelSpec:
@@ -154,24 +159,6 @@ def run_spec(cfg: RootConfig) -> RunSpec:
     )
 
 
-def _sequence_parallel(cfg: RootConfig) -> bool | None:
-    """The fixed sequence-parallel choice: on a CPU cluster off, as `llmctl train` runs tensor
-    parallelism there (an explicit true with TP > 1 is refused as train refuses it).
-
-    Raises:
-        UserError: `parallel.sequence_parallel=true` with TP unset or > 1 on a CPU cluster.
-    """
-    p = cfg.parallel
-    if str(cfg.cluster.device) != "cpu" or (p.sequence_parallel and p.tp == 1):
-        return p.sequence_parallel
-    if p.sequence_parallel:
-        raise UserError(
-            "parallel.sequence_parallel=true needs GPUs: llmctl's CPU layer runs tensor "
-            "parallelism without it; remove the override (TP still works on CPU)"
-        )
-    return False
-
-
 def plan_input(cfg: RootConfig) -> PlanInput:
     """Everything the planner needs, frozen."""
     p, s = cfg.parallel, cfg.plan
@@ -184,9 +171,11 @@ def plan_input(cfg: RootConfig) -> PlanInput:
         etp=p.etp,
         dp=p.dp,
         micro_batch_size=p.micro_batch_size,
-        sequence_parallel=_sequence_parallel(cfg),
-        recompute=Recompute(str(p.recompute)) if p.recompute is not None else None,
-        sharding=Sharding(str(p.optimizer_sharding)) if p.optimizer_sharding is not None else None,
+        sequence_parallel=fixed_sequence_parallel(cfg, p.tp),
+        recompute=Recompute(p.recompute) if p.recompute is not None else None,
+        optimizer_sharding=(
+            Sharding(p.optimizer_sharding) if p.optimizer_sharding is not None else None
+        ),
         allow_tp_outside_nvlink=p.allow_tp_outside_nvlink,
     )
     search = SearchSpec(
@@ -205,7 +194,7 @@ def plan_input(cfg: RootConfig) -> PlanInput:
     )
 
 
-def loss_balanced_stage_layers(cfg: RootConfig, layout: Any) -> list[int] | None:
+def loss_balanced_stage_layers(cfg: RootConfig, layout: Layout) -> list[int] | None:
     """Transformer layers per virtual pipeline stage under `plan.balance_loss`, in model order
     (megatron's `pipeline_model_parallel_layout`: entry `v * pp + r` is rank r's chunk v);
     None when off or PP=1.
@@ -219,12 +208,12 @@ def loss_balanced_stage_layers(cfg: RootConfig, layout: Any) -> list[int] | None
 
     Args:
         cfg: The resolved config.
-        layout: The run's `TrainLayout`.
+        layout: The run's layout (`run.layout.resolve_layout`).
 
     Raises:
         UserError: a layer count that PP x VPP does not divide.
     """
-    pp, vpp = layout.pp, max(1, layout.vpp or 1)
+    pp, vpp = layout.pp, layout.vpp
     if not cfg.plan.balance_loss or pp == 1:
         return None
     n, stages = cfg.model.num_layers, pp * vpp
@@ -232,7 +221,7 @@ def loss_balanced_stage_layers(cfg: RootConfig, layout: Any) -> list[int] | None
         what = f"parallel.pp={pp}" + (f" x parallel.vpp={vpp}" if vpp > 1 else "")
         raise UserError(f"plan.balance_loss=true needs model.num_layers={n} divisible by {what}")
     inp = plan_input(cfg)
-    lay = Layout(
+    lay = Layout(  # what the planner timed: its ETP and sharding do not move layers
         tp=layout.tp,
         pp=pp,
         vpp=vpp,
@@ -241,7 +230,7 @@ def loss_balanced_stage_layers(cfg: RootConfig, layout: Any) -> list[int] | None
         dp=layout.dp,
         micro_batch_size=layout.micro_batch_size,
         sequence_parallel=layout.sequence_parallel,
-        recompute=Recompute(str(layout.recompute)),
+        recompute=layout.recompute,
         loss_balanced=True,
     )
     split = StageSplit(first=n // pp, middle=n // pp, last=n // pp, method="even")
@@ -278,21 +267,7 @@ def _perf_json(run_dir: Path) -> dict[str, Any]:
 
 def _run_layout(data: dict[str, Any], path: Path) -> Layout:
     try:
-        lay = data["layout"]
-        sharding = lay.get("optimizer_sharding") or "none"
-        return Layout(
-            tp=int(lay["tp"]),
-            pp=int(lay["pp"]),
-            vpp=int(lay.get("vpp") or 1),
-            cp=int(lay.get("cp") or 1),
-            ep=int(lay.get("ep") or 1),
-            etp=int(lay.get("etp") or 0),
-            dp=int(lay["dp"]),
-            micro_batch_size=int(lay["micro_batch_size"]),
-            sequence_parallel=bool(lay.get("sequence_parallel")),
-            recompute=Recompute(str(lay.get("recompute") or "none")),
-            sharding=Sharding(str(sharding)),
-        )
+        return layout_from_record(data["layout"])
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: malformed layout ({exc})") from None
 
@@ -444,8 +419,6 @@ def plan_config(
             an unreadable run directory, a cluster without a peak for the compute dtype, or a
             `save_to` that cannot be written (checked before any work).
     """
-    from llmctl.run.layout import with_cpu_ranks_for_layout
-
     if calibrate_dirs and save_to:
         check_calibrated_out(save_to, force)
     cfg = with_cpu_ranks_for_layout(cfg)  # on CPU, ranks follow the layout, as `llmctl train`
@@ -458,7 +431,7 @@ def plan_config(
         result = plan(inp)
         published = cfg.plan.published_layout
         if published:
-            layout = layout_from_dict(dict(published), "plan.published_layout")
+            layout = _user_layout(dict(published), "plan.published_layout")
             if in_search(inp, layout):
                 result = replace(result, reference=evaluate(inp, layout))
         return result
@@ -476,29 +449,23 @@ def in_search(inp: PlanInput, layout: Layout) -> bool:
     fixed = {
         "tp": c.tp, "pp": c.pp, "vpp": c.vpp, "cp": c.cp, "ep": c.ep, "dp": c.dp,
         "micro_batch_size": c.micro_batch_size, "sequence_parallel": c.sequence_parallel,
-        "recompute": c.recompute, "sharding": c.sharding,
+        "recompute": c.recompute, "optimizer_sharding": c.optimizer_sharding,
     }  # fmt: skip
     return all(want is None or getattr(layout, name) == want for name, want in fixed.items())
 
 
-def layout_from_dict(data: dict[str, Any], source: str) -> Layout:
-    """A Layout from a mapping with Layout.as_dict keys (missing keys take defaults).
+def _user_layout(data: dict[str, Any], source: str) -> Layout:
+    """A Layout from a mapping a user wrote with Layout.as_dict keys (missing keys: defaults).
 
     Raises:
         UserError: an unknown key or a bad value, naming `source`.
     """
-    known = {f.name for f in fields(Layout)} | {"optimizer_sharding"}
-    for key in data:
-        if key not in known:
-            raise UserError(f"{source}.{key}: not a layout field; expected one of {sorted(known)}")
-    values = dict(data)
-    if "optimizer_sharding" in values:
-        values["sharding"] = values.pop("optimizer_sharding")
     try:
-        if "recompute" in values:
-            values["recompute"] = Recompute(str(values["recompute"]))
-        if "sharding" in values:
-            values["sharding"] = Sharding(str(values["sharding"]))
-        return Layout(**values)
+        return layout_from_dict(data)
+    except KeyError as exc:
+        raise UserError(
+            f"{source}.{exc.args[0]}: not a layout field; expected one of "
+            f"{sorted(LAYOUT_DICT_KEYS)}"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise UserError(f"{source}: {exc}") from None

@@ -8,11 +8,12 @@ unreadable data prefix, a tokenizer larger than the model's vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmctl.errors import UserError
+from llmctl.plan.layout import Layout
 from llmctl.run.data import DataSpec, resolve_data
-from llmctl.run.layout import TrainLayout, resolve_layout
+from llmctl.run.layout import resolve_layout
 from llmctl.run.planning import loss_balanced_stage_layers
 from llmctl.run.precision import PrecisionRecipe, check_precision
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 class Preflight:
     """What the checks resolved."""
 
-    layout: TrainLayout
+    layout: Layout
     precision: PrecisionRecipe
     data: DataSpec
 
@@ -32,7 +33,7 @@ class Preflight:
 def preflight(
     cfg: RootConfig,
     world_size: int | None = None,
-    planned: dict[str, Any] | None = None,
+    planned: Layout | None = None,
     *,
     data: DataSpec | None = None,
 ) -> Preflight:
@@ -56,7 +57,7 @@ def preflight(
     return Preflight(layout=layout, precision=recipe, data=data or resolve_data(cfg))
 
 
-def _check_moe(cfg: RootConfig, layout: TrainLayout, on_gpu: bool) -> None:
+def _check_moe(cfg: RootConfig, layout: Layout, on_gpu: bool) -> None:
     """MoE settings megatron-core refuses only after launch: the all-to-all overlap needs CUDA
     streams; its MoELayer refuses to train with TP > 1 without sequence parallelism (which
     llmctl's CPU layer does not run)."""

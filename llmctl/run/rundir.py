@@ -4,7 +4,7 @@ Layout::
 
     RUN_DIR/
       config.yaml       resolved config (llmctl.config.cfg_to_yaml; reload with load_resolved)
-      plan.json         the plan the run used (layout, predictions), or {} when none
+      plan.json         the plan the run used (llmctl.plan.PlanRecord, versioned), or {}
       metrics.jsonl     one JSON object per logged step (rank 0)
       perf.json/.md     predicted vs measured table, written at the end
       logs/             one log file per rank (rank0.log, ...)
@@ -20,12 +20,13 @@ import os
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmctl.errors import UserError
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
+    from llmctl.plan.record import PlanRecord
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -98,13 +99,13 @@ def default_run_dir(recipe: str, now: datetime | None = None, root: Path = Path(
     return root / f"{recipe or 'run'}-{stamp}"
 
 
-def create_run_dir(cfg: RootConfig, plan: dict[str, Any] | None) -> Path:
+def create_run_dir(cfg: RootConfig, plan: PlanRecord | None) -> Path:
     """Create the run directory and write config.yaml and plan.json into it.
 
     Args:
         cfg: The resolved `RootConfig`. `cfg.train.run_dir` None = `default_run_dir(cfg.recipe)`;
             the chosen path is stored back into `cfg.train.run_dir` before it is written.
-        plan: The plan dict to record (layout, predictions), or None.
+        plan: The plan to record (layout, predictions), or None (plan.json is then `{}`).
 
     Returns:
         The run directory path.
@@ -116,14 +117,24 @@ def create_run_dir(cfg: RootConfig, plan: dict[str, Any] | None) -> Path:
     for sub in ("", LOGS_DIR, CHECKPOINTS_DIR):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(cfg_to_yaml(cfg))
-    (run_dir / PLAN_FILE).write_text(json.dumps(plan or {}, indent=2, default=str) + "\n")
+    body = plan.file_dict() if plan is not None else {}
+    (run_dir / PLAN_FILE).write_text(json.dumps(body, indent=2, default=str) + "\n")
     return run_dir
 
 
-def read_plan(run_dir: Path) -> dict[str, Any]:
-    """The plan dict of a run directory ({} when absent)."""
+def read_plan(run_dir: Path) -> PlanRecord | None:
+    """The plan of a run directory, as any llmctl version wrote it (None when absent or `{}`).
+
+    Raises:
+        UserError: plan.json is not JSON, is from a newer llmctl, or is malformed.
+    """
+    from llmctl.plan.record import PlanRecord
+
     path = run_dir / PLAN_FILE
     if not path.is_file():
-        return {}
-    data = json.loads(path.read_text() or "{}")
-    return data if isinstance(data, dict) else {}
+        return None
+    try:
+        data = json.loads(path.read_text() or "{}")
+        return PlanRecord.from_dict(data) if isinstance(data, dict) else None
+    except ValueError as exc:
+        raise UserError(f"{path}: not a plan written by `llmctl train` ({exc})") from None

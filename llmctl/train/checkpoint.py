@@ -34,7 +34,7 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
@@ -45,6 +45,7 @@ from llmctl.run.ckpt_compat import (
     check_optimizer_checkpointable,
     uses_torch_adam,
 )
+from llmctl.run.layout import layout_record
 from llmctl.run.signals import (
     PREEMPT_SIGNALS,
     PreemptNotice,
@@ -64,6 +65,9 @@ from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
     sharded_state_dict,
     versions,
 )
+
+if TYPE_CHECKING:
+    from llmctl.plan import PlanRecord
 
 log = logging.getLogger("llmctl.train.checkpoint")
 __all__ = [
@@ -99,11 +103,11 @@ class DistCheckpointer:
     Args:
         cfg: The resolved `RootConfig` (`cfg.checkpoint` holds the policy).
         run_dir: The run directory; checkpoints go to `run_dir/checkpoints`.
-        plan: The plan dict recorded in each checkpoint.
+        plan: The run's plan, recorded in each checkpoint.
     """
 
-    def __init__(self, cfg: Any, run_dir: Path, plan: dict[str, Any] | None = None) -> None:
-        self.cfg, self.policy, self.plan = cfg, cfg.checkpoint, plan or {}
+    def __init__(self, cfg: Any, run_dir: Path, plan: PlanRecord | None = None) -> None:
+        self.cfg, self.policy, self.plan = cfg, cfg.checkpoint, plan
         self.root = Path(run_dir) / "checkpoints"
         self.enabled = self.policy.interval > 0
         self.queue: Any = None
@@ -251,7 +255,7 @@ class DistCheckpointer:
             "step": state.step,
             "consumed_samples": state.consumed_samples,
             "world_size": self.world,
-            "layout": state.layout.as_dict(),
+            "layout": layout_record(state.layout, self.cfg.train.global_batch_size),
             "model": {k: _v(getattr(self.cfg.model, k, None)) for k in ARCH_FIELDS},
             "versions": versions(),
             "backend": "torch_dist",
@@ -262,7 +266,7 @@ class DistCheckpointer:
         return header | {
             "scheduler": state.scheduler.state_dict(),
             "data": [it.state_dict() for it in state.train_iters],
-            "plan": self.plan,
+            "plan": self.plan.as_dict() if self.plan is not None else {},
         }
 
     def _prepare_dir(self, step: int) -> tuple[Path, str | None]:
@@ -424,7 +428,7 @@ class DistCheckpointer:
         raise TrainingStopped(code, msg)
 
 
-def make_checkpointer(cfg: Any, run_dir: Path, plan: dict[str, Any] | None = None) -> Any:
+def make_checkpointer(cfg: Any, run_dir: Path, plan: PlanRecord | None = None) -> Any:
     """The checkpointer for a run: `DistCheckpointer` unless checkpointing is off entirely."""
     from llmctl.train.loop import NullCheckpointer
 

@@ -23,6 +23,7 @@ from typing import Any
 from llmctl.errors import UserError
 from llmctl.run import ckpt_store as store
 from llmctl.run.ckpt_compat import check_compatible
+from llmctl.run.layout import layout_record
 from llmctl.train.ckpt_rng import restore_rng
 from llmctl.train.ckpt_save import _unwrap, sharded_state_dict
 
@@ -69,7 +70,8 @@ def load_checkpoint(state: Any, ckpt_dir: Path, cfg: Any, rank: int, world: int)
         with weights_only_loads():
             loaded = dist_checkpointing.load(sd, str(ckpt_dir))
     except Exception as e:
-        dims = ", ".join(f"{d} {saved['layout'][d]}->{getattr(state.layout, d)}" for d in changed)
+        now = layout_record(state.layout, cfg.train.global_batch_size)  # the saved form
+        dims = ", ".join(f"{d} {saved['layout'][d]}->{now[d]}" for d in changed)
         hint = f" (layout changed: {dims}; megatron-core cannot reshard this)" if dims else ""
         raise UserError(f"cannot load checkpoint {ckpt_dir}{hint}: {e}") from e
     _apply(state, loaded, saved)

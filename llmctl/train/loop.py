@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmctl.run.layout import TrainLayout
+from llmctl.plan import Layout
 
 log = logging.getLogger("llmctl.train")
 
@@ -31,7 +31,7 @@ class TrainState:
     """Mutable state of a run: what a checkpoint saves and restores."""
 
     cfg: Any
-    layout: TrainLayout
+    layout: Layout
     run_dir: Path
     model: list[Any]
     optimizer: Any
@@ -141,7 +141,7 @@ def _reduce_loss(losses_reduced: list[dict[str, Any]], device: Any) -> float:
 class Trainer:
     """Builds everything for one run on this rank and runs the steps."""
 
-    def __init__(self, cfg: Any, layout: TrainLayout, run_dir: Path, data_spec: Any) -> None:
+    def __init__(self, cfg: Any, layout: Layout, run_dir: Path, data_spec: Any) -> None:
         import torch
         from megatron.core import parallel_state as ps
 
@@ -190,7 +190,7 @@ class Trainer:
         self.scheduler = optim.build_scheduler(cfg, self.optimizer)
 
         t = cfg.train
-        gbs = layout.global_batch_size
+        gbs = cfg.train.global_batch_size
         num_evals = (t.train_iters // t.eval_interval + 1) if t.eval_interval > 0 else 0
         train_ds, valid_ds = data_mod.build_datasets(
             cfg, data_spec, t.train_iters * gbs, max(num_evals * t.eval_iters * gbs, 1)
@@ -222,7 +222,7 @@ class Trainer:
             forward_step_func=partial(_forward_step, device=self.device),
             data_iterator=self._data_arg(iters),
             model=self.model if len(self.model) > 1 else self.model[0],
-            num_microbatches=self.layout.num_microbatches,
+            num_microbatches=self.layout.num_microbatches(self.cfg.train.global_batch_size),
             seq_length=self.cfg.model.seq_length,
             micro_batch_size=self.layout.micro_batch_size,
             forward_only=forward_only,
@@ -238,7 +238,7 @@ class Trainer:
         if ok:
             self.scheduler.step(increment=1)
         self.state.step += 1
-        self.state.consumed_samples += self.layout.global_batch_size
+        self.state.consumed_samples += self.cfg.train.global_batch_size
         return _reduce_loss(losses, self.device), (None if grad_norm is None else float(grad_norm))
 
     def evaluate(self) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from llmctl.run.layout import TrainLayout
+from llmctl.plan import Layout
 from llmctl.run.precision import (
     PrecisionRecipe,
     megatron_attention_backend,
@@ -27,7 +27,7 @@ def _value(x: Any) -> str:
     return str(getattr(x, "value", x))
 
 
-def _recompute_kwargs(layout: TrainLayout) -> dict[str, Any]:
+def _recompute_kwargs(layout: Layout) -> dict[str, Any]:
     if layout.recompute == "full":
         return {
             "recompute_granularity": "full",
@@ -39,10 +39,10 @@ def _recompute_kwargs(layout: TrainLayout) -> dict[str, Any]:
     return {}
 
 
-def _moe_overlap_kwargs(layout: TrainLayout) -> dict[str, Any]:
+def _moe_overlap_kwargs(layout: Layout) -> dict[str, Any]:
     """`parallel.moe_a2a_overlap`: megatron-core's overlap_moe_expert_parallel_comm, which
     its TransformerConfig accepts only with the all-to-all (or flex) token dispatcher."""
-    if not getattr(layout, "moe_a2a_overlap", False):
+    if not layout.moe_a2a_overlap:
         return {}
     return {"overlap_moe_expert_parallel_comm": True, "moe_token_dispatcher_type": "alltoall"}
 
@@ -73,7 +73,7 @@ def _device_kwargs(model: Any, *, on_gpu: bool, use_te: bool) -> dict[str, Any]:
 
 def transformer_config(
     model: Any,
-    layout: TrainLayout,
+    layout: Layout,
     precision: Any,
     recipe: PrecisionRecipe,
     *,
@@ -125,10 +125,10 @@ def transformer_config(
         moe_ffn_hidden_size=(model.moe_ffn_hidden_size if model.num_experts else None),
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.interleaved else None,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=getattr(layout, "etp", None),
+        expert_tensor_parallel_size=layout.etp,
         **_moe_overlap_kwargs(layout),
         sequence_parallel=layout.sequence_parallel,
         pipeline_dtype=prec["params_dtype"] if layout.pp > 1 else None,
@@ -204,7 +204,7 @@ def _moe_without_te() -> None:
 
 
 def build_model_chunks(
-    model: Any, config: Any, layout: TrainLayout, *, use_te: bool, seed: int
+    model: Any, config: Any, layout: Layout, *, use_te: bool, seed: int
 ) -> list[Any]:
     """One GPTModel per virtual pipeline stage held by this rank (one without VPP).
 
@@ -229,8 +229,8 @@ def build_model_chunks(
     # asserts on values set before; without TE they mean nothing: keep them out of os.environ
     # (and out of processes started later) so models with another backend can still be built.
     nvte = {k: os.environ.get(k) for k in _NVTE_VARS} if not use_te else {}
-    for vp_stage in range(layout.vpp or 1):
-        vp = vp_stage if layout.vpp else None
+    for vp_stage in range(layout.vpp):
+        vp = vp_stage if layout.interleaved else None
         chunk = GPTModel(
             config=config,
             transformer_layer_spec=spec,

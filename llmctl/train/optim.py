@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from llmctl.errors import UserError
-from llmctl.run.layout import TrainLayout
+from llmctl.plan import Layout
 
 
 def wrap_ddp(
     chunks: list[Any],
     config: Any,
-    layout: TrainLayout,
+    layout: Layout,
     *,
     on_gpu: bool,
     grad_reduce_in_fp32: bool = True,
@@ -62,7 +62,7 @@ def wrap_ddp(
     return wrapped
 
 
-def build_optimizer(cfg: Any, model: list[Any], config: Any, layout: TrainLayout) -> Any:
+def build_optimizer(cfg: Any, model: list[Any], config: Any, layout: Layout) -> Any:
     """megatron's optimizer (Adam with decoupled weight decay) over all chunks."""
     from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.optimizer import optimizer_config as oc

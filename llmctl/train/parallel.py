@@ -13,7 +13,7 @@ import os
 import random
 from dataclasses import dataclass
 
-from llmctl.run.layout import TrainLayout
+from llmctl.plan import Layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ def init_distributed(timeout_minutes: int = 30) -> DistEnv:
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, on_gpu)
 
 
-def init_model_parallel(layout: TrainLayout, seed: int, on_gpu: bool) -> None:
+def init_model_parallel(layout: Layout, seed: int, on_gpu: bool) -> None:
     """Create megatron's TP/PP/CP/EP/DP groups and seed every RNG (megatron's offsets)."""
     import numpy as np
     import torch
@@ -64,7 +64,7 @@ def init_model_parallel(layout: TrainLayout, seed: int, on_gpu: bool) -> None:
     ps.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.interleaved else None,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,

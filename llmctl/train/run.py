@@ -16,7 +16,8 @@ from typing import Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.memory import peak_rss_bytes
-from llmctl.run.layout import TrainLayout, resolve_layout
+from llmctl.plan import Layout, PlanRecord
+from llmctl.run.layout import layout_record, resolve_layout
 from llmctl.run.metrics import (
     MetricsLog,
     PerfReport,
@@ -53,24 +54,17 @@ def _mem_gib(on_gpu: bool) -> float | None:
     return peak_rss_bytes() / 2**30
 
 
-def predicted_from_plan(plan: dict[str, Any] | None) -> dict[str, float | None]:
-    """Predicted step time, tokens/s and peak memory from a plan.json dict (None if absent)."""
-    keys = {"step_s": "step_time_s", "peak_mem_gib": "peak_mem_gib", "tokens_per_s": "tokens_per_s"}
-    values = plan or {}
-    return {name: None if values.get(k) is None else float(values[k]) for name, k in keys.items()}
-
-
 class _Observer:
     """Rank 0's metrics file, panel and wandb; a no-op on other ranks."""
 
     def __init__(
-        self, cfg: Any, run_dir: Path, layout: TrainLayout, on_gpu: bool, rank: int, start: int
+        self, cfg: Any, run_dir: Path, layout: Layout, on_gpu: bool, rank: int, start: int
     ):
         from llmctl.train.panel import Panel
 
         self.rank0 = rank == 0
         self.on_gpu = on_gpu
-        self.tokens_per_step = layout.global_batch_size * cfg.model.seq_length
+        self.tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
         self.flops_per_step = flops_per_token(cfg.model) * self.tokens_per_step
         self.num_devices = layout.world_size
         self.peak = peak_tflops_for(cfg.cluster, _v(cfg.precision.dtype))
@@ -151,22 +145,22 @@ class _Observer:
             self.peak_mem_gib = max(now, self.peak_mem_gib or 0.0)
         return self.peak_mem_gib
 
-    def report(self, cfg: Any, layout: TrainLayout, plan: dict[str, Any] | None) -> PerfReport:
+    def report(self, cfg: Any, layout: Layout, plan: PlanRecord | None) -> PerfReport:
         step_s = steady_state_step_s(self.step_times)
-        pred = predicted_from_plan(plan)
         tflops = self.flops_per_step / step_s / self.num_devices / 1e12
+        predicted_step_s = plan.step_time_s if plan else None
         return PerfReport(
             cluster=cfg.cluster.name,
-            layout=layout.as_dict(),
+            layout=layout_record(layout, cfg.train.global_batch_size),
             dtype=_v(cfg.precision.dtype),
             num_devices=self.num_devices,
-            predicted_step_s=pred["step_s"],
+            predicted_step_s=predicted_step_s,
             measured_step_s=step_s,
-            predicted_peak_mem_gib=pred["peak_mem_gib"],
+            predicted_peak_mem_gib=plan.peak_mem_gib if plan else None,
             measured_peak_mem_gib=self.peak_mem_gib if self.on_gpu else None,
             tokens_per_s=self.tokens_per_step / step_s,
-            predicted_tokens_per_s=pred["tokens_per_s"]
-            or (self.tokens_per_step / pred["step_s"] if pred["step_s"] else None),
+            predicted_tokens_per_s=(plan.tokens_per_s if plan else None)
+            or (self.tokens_per_step / predicted_step_s if predicted_step_s else None),
             tflops_per_device=tflops,
             mfu=None if not self.peak else tflops / self.peak,
             steps_measured=len(self.step_times),
@@ -186,7 +180,7 @@ def train(
     run_dir: Path,
     *,
     data_spec: Any = None,
-    plan: dict[str, Any] | None = None,
+    plan: PlanRecord | None = None,
     checkpointer: Checkpointer | None = None,
 ) -> TrainResult:
     """Train on this rank (torch.distributed already started). Writes metrics and perf files.
@@ -195,7 +189,7 @@ def train(
         cfg: The resolved `RootConfig`.
         run_dir: The run directory (exists; holds config.yaml).
         data_spec: Checked data inputs; None = `data.resolve_data(cfg)` here.
-        plan: The plan dict (plan.json), for the layout and the predicted numbers.
+        plan: The run's plan (plan.json), for the layout and the predicted numbers.
         checkpointer: Checkpoint policy; None = no checkpoints.
     """
     import torch.distributed as dist
@@ -204,7 +198,7 @@ def train(
     from llmctl.train import parallel
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    layout = resolve_layout(cfg, world, (plan or {}).get("layout"))
+    layout = resolve_layout(cfg, world, plan.layout if plan else None)
     on_gpu = parallel.init_distributed().on_gpu
     check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu and has_transformer_engine())
     if data_spec is None:  # before megatron is imported: bad input fails in ~2 s, not ~7 s
@@ -239,9 +233,9 @@ def _cpu_share(
 def _train_loop(
     cfg: Any,
     run_dir: Path,
-    layout: TrainLayout,
+    layout: Layout,
     data_spec: Any,
-    plan: dict[str, Any] | None,
+    plan: PlanRecord | None,
     checkpointer: Checkpointer | None,
     on_gpu: bool,
     rank: int,

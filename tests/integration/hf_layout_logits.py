@@ -70,14 +70,11 @@ def main(tp: int, pp: int, ids_path: Path, pairs: list[tuple[Path, Path]]) -> No
     import torch
     from megatron.core import parallel_state as ps
 
-    from llmctl.run.layout import TrainLayout
+    from llmctl.plan import Layout, Sharding
     from llmctl.train import parallel
 
     parallel.init_distributed()
-    layout = TrainLayout(
-        tp=tp, pp=pp, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
-        sequence_parallel=False, recompute="none", optimizer_sharding="none",
-    )  # fmt: skip
+    layout = Layout(tp=tp, pp=pp, optimizer_sharding=Sharding.none)
     parallel.init_model_parallel(layout, 1, False)
     ids = torch.from_numpy(np.load(ids_path))
     for out_dir, result in pairs:

@@ -144,16 +144,13 @@ def megatron_logits(cfg: object, ckpt_dir: Path, tokens: np.ndarray) -> np.ndarr
     import torch
     from megatron.core import dist_checkpointing
 
-    from llmctl.run.layout import TrainLayout
+    from llmctl.plan import Layout, Sharding
     from llmctl.run.precision import recipe_for
     from llmctl.train import cpu_compat, parallel
     from llmctl.train import model as M
 
     parallel.init_distributed()
-    layout = TrainLayout(
-        tp=1, pp=1, vpp=None, cp=1, ep=1, dp=1, micro_batch_size=1, global_batch_size=1,
-        sequence_parallel=False, recompute="none", optimizer_sharding="none",
-    )  # fmt: skip
+    layout = Layout(optimizer_sharding=Sharding.none)
     try:
         parallel.init_model_parallel(layout, 1, False)
         mc = cfg.model  # type: ignore[attr-defined]

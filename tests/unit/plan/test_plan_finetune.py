@@ -36,7 +36,7 @@ def test_frozen_embeddings_drop_their_grads_and_optimizer_state(sharding):
         "llama3_8b_pretrain_8gpu_h100_fp8", ["precision=bf16", "train.freeze_embeddings=true"]
     ))  # fmt: skip
     assert frozen_inp.run == replace(inp.run, freeze_embeddings=True)
-    layout = Layout(tp=2, pp=2, dp=2, micro_batch_size=1, sharding=sharding)
+    layout = Layout(tp=2, pp=2, dp=2, micro_batch_size=1, optimizer_sharding=sharding)
     n = embedding_params(inp.model, layout.tp)
     shard = layout.dp if sharding == Sharding.distributed else 1
     first, first_frozen = _memory(inp, layout, 0), _memory(frozen_inp, layout, 0)

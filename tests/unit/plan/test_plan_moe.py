@@ -86,7 +86,7 @@ def test_expert_tensor_parallel_size_as_megatron_core_builds_it() -> None:
     bridge = row_layout(row)
     assert bridge.etp == 1 and bridge.expert_dp == 1
     assert any(e.layout == bridge for e in etp1.ranked), [e.layout.short() for e in etp1.ranked]
-    as_tp = evaluate(inp, replace(bridge, etp=0))  # what the model charged before
+    as_tp = evaluate(inp, replace(bridge, etp=None))  # what the model charged before
     assert evaluate(inp, bridge).memory.weights_gib > as_tp.memory.weights_gib
 
 

@@ -51,7 +51,9 @@ def test_pipeline_sends_wait_without_interleaving() -> None:
     sends and receives alone)."""
     inp = _gpt22b()
     inp = replace(inp, model=replace(inp.model, tied_embeddings=False))
-    flat = Layout(tp=4, pp=2, micro_batch_size=1, sequence_parallel=True, sharding=Sharding.none)
+    flat = Layout(
+        tp=4, pp=2, micro_batch_size=1, sequence_parallel=True, optimizer_sharding=Sharding.none
+    )
     interleaved = replace(flat, vpp=2)
     times = {
         (lay.vpp, ov): evaluate(_with(inp, p2p_overlap=ov), lay).time.pp_comm_s
@@ -68,7 +70,9 @@ def test_tied_embedding_gradient_is_all_reduced_between_first_and_last_stage() -
     the last stage's copies. Each of the two ranks sends at least the whole gradient once."""
     inp = _gpt22b()
     assert inp.model.tied_embeddings and inp.run.grad_dtype == "fp32"
-    lay = Layout(tp=4, pp=2, micro_batch_size=1, sequence_parallel=True, sharding=Sharding.none)
+    lay = Layout(
+        tp=4, pp=2, micro_batch_size=1, sequence_parallel=True, optimizer_sharding=Sharding.none
+    )
     untied = replace(inp, model=replace(inp.model, tied_embeddings=False))
     extra = evaluate(inp, lay).time.pp_comm_s - evaluate(untied, lay).time.pp_comm_s
     grad = inp.model.vocab_size * inp.model.hidden_size / lay.tp * BYTES[inp.run.grad_dtype]
@@ -90,10 +94,12 @@ def test_optimizer_steps_every_parameter_of_the_rank() -> None:
     model, run, cluster = inp.model, inp.run, inp.cluster
     per_param = 24.0 + BYTES[run.grad_dtype] + BYTES[run.params_dtype]
     hbm = cluster.hbm_bandwidth_gb_s * 1e9
-    lay = Layout(tp=1, dp=8, sharding=Sharding.none, recompute=Recompute.selective)
+    lay = Layout(tp=1, dp=8, optimizer_sharding=Sharding.none, recompute=Recompute.selective)
     opt = evaluate(inp, lay).time.optimizer_s
     assert opt * hbm / per_param == pytest.approx(total_params(model), rel=1e-6)
-    staged = Layout(tp=1, pp=2, dp=4, sharding=Sharding.none, recompute=Recompute.selective)
+    staged = Layout(
+        tp=1, pp=2, dp=4, optimizer_sharding=Sharding.none, recompute=Recompute.selective
+    )
     layers_only = total_params(model) - 2 * model.vocab_size * model.hidden_size
     assert evaluate(inp, staged).time.optimizer_s * hbm / per_param > layers_only / 2 * 1.05
 
@@ -107,7 +113,9 @@ def test_2022_megatron_lm_scatters_non_sp_pipeline_sends_over_tp() -> None:
     assert a100.cluster.efficiency.p2p_scatter_gather == 1.0
     assert h100.cluster.efficiency.p2p_scatter_gather == 0.0
     untied = replace(a100, model=replace(a100.model, tied_embeddings=False))
-    lay = Layout(tp=8, pp=8, micro_batch_size=1, recompute=Recompute.full, sharding=Sharding.none)
+    lay = Layout(
+        tp=8, pp=8, micro_batch_size=1, recompute=Recompute.full, optimizer_sharding=Sharding.none
+    )
     scattered = evaluate(untied, lay).time.pp_comm_s
     whole = evaluate(_with(untied, p2p_scatter_gather=0.0), lay).time.pp_comm_s
     sp = evaluate(untied, replace(lay, sequence_parallel=True)).time.pp_comm_s
@@ -122,10 +130,12 @@ def test_last_gradient_bucket_and_first_fsdp_gather_are_exposed() -> None:
     inp = _with(_gpt22b(), overlap_cost=0.0)  # hidden communication costs nothing here
     nvlink = inp.cluster.nvlink_bandwidth_gb_s * 1e9
     grad, weight = BYTES[inp.run.grad_reduce_dtype], BYTES[inp.run.params_dtype]
-    ddp = Layout(tp=4, dp=2, micro_batch_size=2, sequence_parallel=True, sharding=Sharding.none)
+    ddp = Layout(
+        tp=4, dp=2, micro_batch_size=2, sequence_parallel=True, optimizer_sharding=Sharding.none
+    )
     ev = evaluate(inp, ddp)
     assert ev.time.dp_comm_s < ev.time.gemm_s / 10  # the reduce fits under the backward
     assert ev.time.dp_comm_s > 4e7 * grad / nvlink  # all-reduce of 40M params: >= 1x bytes
-    fsdp = evaluate(inp, replace(ddp, sharding=Sharding.full))
+    fsdp = evaluate(inp, replace(ddp, optimizer_sharding=Sharding.full))
     layer = 12 * inp.model.hidden_size**2 / ddp.tp
     assert fsdp.time.dp_comm_s > layer * (grad + weight) / 2 / nvlink

@@ -193,7 +193,7 @@ def test_precision_defaults_follow_megatron() -> None:
 
 
 BRIDGE_RECIPES = {
-    "llama3_8b_pretrain_8gpu_h100_fp8": Layout(tp=1, dp=8, sharding=Sharding.full),
+    "llama3_8b_pretrain_8gpu_h100_fp8": Layout(tp=1, dp=8, optimizer_sharding=Sharding.full),
     "llama3_70b_pretrain_64gpu_h100_fp8": Layout(
         tp=4, pp=8, vpp=5, dp=2, sequence_parallel=True, loss_balanced=True
     ),
@@ -223,7 +223,7 @@ def test_korthikanti_layouts_rank_in_the_top_10(model: dict[str, Any]) -> None:
         micro_batch_size=model["mbs"],
         sequence_parallel=True,
         recompute=Recompute.selective,
-        sharding=Sharding.none,
+        optimizer_sharding=Sharding.none,
     )
     assert _rank(_recipe(model["recipe"]), layout) <= 10
 
@@ -233,7 +233,7 @@ def test_one_rank_sharding_groups_are_one_layout() -> None:
     such a layout once (no sharding), so ranks count distinct runs."""
     res = plan(_recipe("gpt3_175b_pretrain_64gpu_a100_bf16"), suggest=False)
     ones = [e.layout for e in res.ranked if e.layout.dp * e.layout.cp == 1]
-    assert ones and all(lay.sharding == Sharding.none for lay in ones)
+    assert ones and all(lay.optimizer_sharding == Sharding.none for lay in ones)
     assert len(set(ones)) == len(ones)
 
 
@@ -282,7 +282,7 @@ def _korthikanti(model: dict[str, Any]) -> tuple[PlanInput, Layout]:
         micro_batch_size=model["mbs"],
         sequence_parallel=True,
         recompute=Recompute.selective,
-        sharding=Sharding.none,
+        optimizer_sharding=Sharding.none,
     )
     return inp, layout
 

@@ -71,11 +71,11 @@ def test_every_candidate_respects_the_rules() -> None:
         assert RUN.global_batch_size % (lay.micro_batch_size * lay.dp) == 0
         assert lay.sequence_parallel == (lay.tp > 1)
         assert lay.vpp == 1 or lay.pp > 1
-        assert not (lay.sharding == Sharding.full and lay.pp > 1)
+        assert not (lay.optimizer_sharding == Sharding.full and lay.pp > 1)
     dims = {(lay.tp, lay.pp, lay.cp) for lay in layouts}
     assert (8, 1, 1) in dims and (1, 8, 1) in dims and (2, 2, 2) in dims
     assert {lay.recompute for lay in layouts} == set(Recompute)
-    assert {lay.sharding for lay in layouts} == set(Sharding)
+    assert {lay.optimizer_sharding for lay in layouts} == set(Sharding)
 
 
 def test_rejection_lines_name_the_reason() -> None:
@@ -151,9 +151,9 @@ def test_moe_enumerates_expert_parallel() -> None:
 def test_memory_terms_respond_to_options() -> None:
     inp = _inp()
     base = Layout(tp=2, dp=32, micro_batch_size=1, sequence_parallel=True)
-    none = evaluate(inp, replace(base, sharding=Sharding.none)).memory
+    none = evaluate(inp, replace(base, optimizer_sharding=Sharding.none)).memory
     dist = evaluate(inp, base).memory
-    full = evaluate(inp, replace(base, sharding=Sharding.full)).memory
+    full = evaluate(inp, replace(base, optimizer_sharding=Sharding.full)).memory
     assert full.weights_gib < dist.weights_gib == none.weights_gib
     assert dist.optimizer_gib == pytest.approx(none.optimizer_gib / 32)
     sel = evaluate(inp, replace(base, recompute=Recompute.full)).memory

@@ -6,7 +6,7 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
-from llmctl.run.layout import resolve_layout
+from llmctl.run.layout import layout_record, resolve_layout
 from llmctl.train.checkpoint import (
     check_compatible,
     check_optimizer_checkpointable,
@@ -22,7 +22,7 @@ def _saved(cfg, layout) -> dict:
 
     return {
         "model": {k: _v(getattr(cfg.model, k)) for k in _ARCH_FIELDS},
-        "layout": layout.as_dict(),
+        "layout": layout_record(layout, cfg.train.global_batch_size),
     }
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from llmctl.config import compose
 from llmctl.errors import UserError
+from llmctl.plan import Layout
 from llmctl.run.layout import resolve_layout
 
 
@@ -14,14 +15,14 @@ def _cfg(*overrides: str):
 def test_dp_fills_the_world_and_microbatches_follow():
     layout = resolve_layout(_cfg("parallel.tp=2", "parallel.micro_batch_size=1"), world_size=4)
     assert (layout.tp, layout.pp, layout.dp) == (2, 1, 2)
-    assert layout.num_microbatches == 8 // (1 * 2)
+    assert layout.num_microbatches(8) == 8 // (1 * 2)
     assert layout.world_size == 4
 
 
 def test_explicit_config_beats_plan_and_plan_beats_default():
     cfg = _cfg("parallel.tp=1")
     cfg.parallel.pp = None
-    layout = resolve_layout(cfg, world_size=2, planned={"tp": 2, "pp": 2, "micro_batch_size": 2})
+    layout = resolve_layout(cfg, world_size=2, planned=Layout(tp=2, pp=2, micro_batch_size=2))
     assert (layout.tp, layout.pp, layout.dp, layout.micro_batch_size) == (1, 2, 1, 4)
 
 
