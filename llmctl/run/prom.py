@@ -80,12 +80,24 @@ def read_starts(run_dir: Path) -> Starts:
 def record_start(run_dir: Path, step: int, layout: dict[str, Any]) -> Starts:
     """Append this start (rank 0, before the first step) and return the counts with it."""
     record = {"time": time.time(), "step": step, "layout": layout, "host": socket.gethostname()}
+    path = run_dir / STARTS_FILE
+    line = json.dumps(record, sort_keys=True) + "\n"
     try:
-        with (run_dir / STARTS_FILE).open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+        with path.open("a", encoding="utf-8") as f:
+            f.write("\n" + line if _cut_short(path) else line)
     except OSError as e:  # a full disk must not stop training; the counts miss this start
         log.warning("cannot append to %s (%s)", run_dir / STARTS_FILE, e.strerror)
     return read_starts(run_dir)
+
+
+def _cut_short(path: Path) -> bool:
+    """Whether a file's last line lacks its newline (a crash while it was written)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:  # missing or empty
+        return False
 
 
 # ----- the plan's predictions -----
