@@ -8,9 +8,9 @@ end (batch jobs that no server scrapes). The names follow Prometheus' convention
 name), `rank` and `host` on every series. docs/monitoring.md lists them; the shipped alert rules
 (configs/monitoring/llmctl-alerts.yml) are written against them.
 
-Why it costs nothing measurable: the training thread only sets a dozen numbers per step (about
-20 us against a CPU tiny step of ~0.1 s; benchmarks/metrics_overhead.py). Memory, checkpoint
-times and the exposition text are computed by the HTTP or push thread when asked for.
+Why it costs nothing measurable: the training thread only sets a dozen numbers per step (5 to 9
+us against a CPU tiny step of ~60 ms; benchmarks/metrics_overhead.py); memory and the
+exposition text are computed by the HTTP or push thread when asked for.
 
 The same numbers, from metrics.jsonl, plan.json and starts.jsonl, are what `llmctl status RUN
 --json` shows under "metrics" (`status_metrics`). Torch-free: torch is imported only inside the

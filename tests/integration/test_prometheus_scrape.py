@@ -70,10 +70,7 @@ def test_a_real_run_is_scraped_and_pushed(tmp_path: Path, demo_cache: Path) -> N
                 'llmctl_train_step{job="llmctl-train"}',
                 lambda r: len(r) == 2 and min(x["value"] for x in r) >= 3,
             )
-            up = {
-                x["metric"]["instance"]: x["value"]
-                for x in prom.query('up{job="llmctl-train"}')
-            }
+            up = {x["metric"]["instance"]: x["value"] for x in prom.query('up{job="llmctl-train"}')}
             targets_now = prom.api("targets")["activeTargets"]
             measured = _by_rank(prom.query('llmctl_train_last_step_seconds{job="llmctl-train"}'))
             predicted = prom.query('llmctl_plan_step_seconds{job="llmctl-train"}')
