@@ -34,6 +34,7 @@ cluster-down: ## Stop the local SLURM cluster
 
 test: venv lint ## Install what the tests need (incl. local SLURM), lint, run the whole suite
 	bash scripts/slurm_local.sh up
+	bash scripts/prometheus_local.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -24,7 +25,10 @@ def status(
 
     st = run_status(target)
     if as_json:
-        typer.echo(json.dumps(st.as_dict(), indent=2))
+        from llmctl.run.prom import status_metrics  # the numbers Prometheus gets (--json only)
+
+        metrics = status_metrics(Path(st.run_dir)) if st.run_dir else None
+        typer.echo(json.dumps({**st.as_dict(), "metrics": metrics}, indent=2))
         return
     job = f" job {st.job_id}" if st.job_id else ""
     Console().print(f"[bold]{st.kind}{job}[/bold]: {state_text(st)}", highlight=False)

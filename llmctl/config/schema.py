@@ -225,6 +225,20 @@ class WandbConfig:
 
 
 @dataclass(kw_only=True)
+class MetricsConfig:
+    """Prometheus metrics of every rank (needs the `train` extra); docs/monitoring.md."""
+
+    port: int = doc(
+        0, "Base port of each rank's /metrics endpoint (a rank serves port + local rank); 0 = off."
+    )
+    address: str = doc("127.0.0.1", "Address the endpoints bind to (0.0.0.0: every interface).")
+    pushgateway: str | None = doc(
+        None, "Pushgateway URL (http://HOST:9091) each rank pushes to; None = no pushes."
+    )
+    push_interval_s: float = doc(30.0, "Seconds between pushes (and one push at the end).")
+
+
+@dataclass(kw_only=True)
 class TrainConfig:
     """Optimisation schedule and run bookkeeping."""
 
@@ -246,6 +260,7 @@ class TrainConfig:
     seed: int = doc(1234, "Random seed.")
     log_interval: int = doc(1, "Steps between metric records.")
     wandb: WandbConfig = doc(factory=WandbConfig, text="Weights & Biases tracking.")
+    metrics: MetricsConfig = doc(factory=MetricsConfig, text="Prometheus metrics export.")
     eval_interval: int = doc(25, "Steps between validation passes; 0 = never.")
     eval_iters: int = doc(2, "Validation batches per pass.")
     run_dir: str | None = doc(None, "Run directory; None = runs/<recipe>-<UTC timestamp>.")

@@ -14,6 +14,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_minimums(cfg)
     _validate_cluster(cfg)
     _validate_plan(cfg)
+    _validate_metrics(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -42,6 +43,14 @@ def _validate_minimums(cfg: RootConfig) -> None:
         )
     if t.lr_decay_iters is not None and t.lr_decay_iters < 1:
         raise UserError(f"train.lr_decay_iters must be >= 1 or null, got {t.lr_decay_iters}")
+
+
+def _validate_metrics(cfg: RootConfig) -> None:
+    mc = cfg.train.metrics
+    if not 0 <= mc.port <= 65535:
+        raise UserError(f"train.metrics.port must be 0 (off) or a TCP port, got {mc.port}")
+    if mc.push_interval_s <= 0:
+        raise UserError(f"train.metrics.push_interval_s must be > 0, got {mc.push_interval_s}")
 
 
 def _validate_model(cfg: RootConfig) -> None:

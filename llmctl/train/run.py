@@ -82,6 +82,7 @@ class _Observer:
         title = f"llmctl train: {cfg.recipe or cfg.model.name}"
         self.panel = Panel(title, self.total, mem_label, live=None if self.rank0 else False)
         self.wandb = start_wandb(cfg, run_dir, log) if self.rank0 else None
+        self.prom: Any = None  # llmctl.run.prom.RankExporter, every rank (train.metrics)
 
     def step(
         self,
@@ -94,6 +95,8 @@ class _Observer:
         val_loss: float | None,
         log_now: bool,
     ) -> None:
+        if self.prom is not None:
+            self.prom.step(step, loss, grad_norm, lr, dt, self.rank_cpu)
         self.step_times.append(dt)
         if self.cpu_share is not None:
             self.corrected_times.append(dt * self.cpu_share)
@@ -168,6 +171,8 @@ class _Observer:
         )
 
     def close(self) -> None:
+        if self.prom is not None:
+            self.prom.close()
         if self.metrics is not None:
             with contextlib.suppress(OSError):  # a full disk: already reported
                 self.metrics.close()
@@ -257,6 +262,12 @@ def _train_loop(
     t = cfg.train
     report = None
     try:
+        from llmctl.run.prom import start_metrics
+
+        obs.prom = start_metrics(
+            cfg, run_dir, layout, rank=rank, on_gpu=on_gpu, plan=plan, ckpt=ckpt,
+            start_step=trainer.state.step,
+        )  # fmt: skip
         with obs.panel:
             while trainer.state.step < t.train_iters:
                 t0, s0 = time.perf_counter(), sched_ns()
