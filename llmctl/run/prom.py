@@ -24,15 +24,20 @@ import json
 import logging
 import math
 import os
-import resource
 import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from llmctl.errors import UserError
+from llmctl.memory import peak_rss_bytes, rss_bytes
 from llmctl.run.metrics import flops_per_token, peak_tflops_for
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
+    from llmctl.plan import Layout, PlanRecord
 
 log = logging.getLogger("llmctl.train")
 
@@ -101,32 +106,28 @@ def _cut_short(path: Path) -> bool:
 
 
 # ----- the plan's predictions -----
-def predictions(plan: dict[str, Any] | None) -> dict[str, float]:
-    """The plan's predicted step seconds, tokens/s, MFU and peak memory bytes (present ones)."""
-    plan = plan or {}
+def predictions(plan: PlanRecord | None) -> dict[str, float]:
+    """The plan's predicted step seconds, tokens/s, MFU and peak memory bytes (finite ones)."""
+    if plan is None:
+        return {}
     out = {
-        "step_seconds": plan.get("step_time_s"),
-        "tokens_per_second": plan.get("tokens_per_s"),
-        "mfu_ratio": plan.get("mfu"),
-        "memory_bytes": None if plan.get("peak_mem_gib") is None else plan["peak_mem_gib"] * 2**30,
+        "step_seconds": plan.step_time_s,
+        "tokens_per_second": plan.tokens_per_s,
+        "mfu_ratio": plan.mfu,
+        "memory_bytes": plan.peak_mem_gib * 2**30,
     }
-    return {k: float(v) for k, v in out.items() if isinstance(v, int | float)}
+    return {k: float(v) for k, v in out.items() if math.isfinite(v)}
 
 
 # ----- memory, read when scraped -----
 def host_rss_bytes() -> float:
-    """Resident set size of this process now (/proc/self/statm), bytes."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            pages = int(f.read().split()[1])
-        return float(pages * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, IndexError):
-        return math.nan
+    """Resident set size of this process now, bytes (`llmctl.memory`)."""
+    return float(rss_bytes())
 
 
 def host_peak_rss_bytes() -> float:
-    """Peak resident set size of this process (getrusage, KiB on Linux), bytes."""
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    """Peak resident set size of this process (VmHWM), bytes (`llmctl.memory`)."""
+    return float(peak_rss_bytes())
 
 
 def _gpu_readers(device: int) -> dict[str, Any]:
@@ -253,14 +254,22 @@ class RankExporter:
     """Feeds `RankMetrics` from the loop's per-step record; serves and pushes it."""
 
     def __init__(
-        self, cfg: Any, run_dir: Path, layout: Any, *, rank: int, on_gpu: bool, plan: Any, ckpt: Any
+        self,
+        cfg: RootConfig,
+        run_dir: Path,
+        layout: Layout,
+        *,
+        rank: int,
+        on_gpu: bool,
+        plan: PlanRecord | None,
+        ckpt: Any,
     ) -> None:
         mc = cfg.train.metrics
         self.run_dir = run_dir
         labels = {"run": run_dir.name, "rank": str(rank), "host": socket.gethostname()}
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.m = RankMetrics(labels, on_gpu_device=local_rank if on_gpu else None)
-        self.tokens_per_step = layout.global_batch_size * cfg.model.seq_length
+        self.tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
         self.flops_per_device_step = (
             flops_per_token(cfg.model) * self.tokens_per_step / max(1, layout.world_size)
         )
@@ -279,7 +288,7 @@ class RankExporter:
         self.m.info.info(
             {
                 "recipe": str(cfg.recipe or ""),
-                "layout": str((plan or {}).get("layout_name") or ""),
+                "layout": plan.layout_name if plan is not None else "",
                 "cluster": str(cfg.cluster.name),
                 "dtype": enum_value(cfg.precision.dtype),
             }
@@ -433,13 +442,13 @@ class _Pusher:
 
 
 def start_metrics(
-    cfg: Any,
+    cfg: RootConfig,
     run_dir: Path,
-    layout: Any,
+    layout: Layout,
     *,
     rank: int,
     on_gpu: bool,
-    plan: Any,
+    plan: PlanRecord | None,
     ckpt: Any,
     start_step: int,
 ) -> RankExporter | None:
@@ -489,8 +498,8 @@ def status_metrics(run_dir: Path) -> dict[str, float | None]:
     }
     try:
         plan = read_plan(run_dir)
-    except ValueError:  # plan.json cut short: no predictions
-        plan = {}
+    except (ValueError, UserError):  # plan.json cut short: no predictions
+        plan = None
     out.update({f"llmctl_plan_{k}": v for k, v in predictions(plan).items()})
     return out
 

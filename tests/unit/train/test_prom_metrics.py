@@ -152,8 +152,15 @@ def test_starts_count_restarts_and_layout_changes(tmp_path: Path) -> None:
 
 
 def test_predictions_take_what_the_plan_has() -> None:
+    from llmctl.plan import Layout, PlanRecord
+
     assert predictions(None) == {}
-    assert predictions({"step_time_s": 2, "mfu": None}) == {"step_seconds": 2.0}
+    plan = PlanRecord(
+        layout=Layout(), layout_name="TP1", fits=True, peak_mem_gib=1.5, usable_gib=8.0,
+        memory_gib={}, step_time_s=2.0, tokens_per_s=float("nan"), mfu=0.25,
+    )  # fmt: skip
+    want = {"step_seconds": 2.0, "mfu_ratio": 0.25, "memory_bytes": 1.5 * 2**30}
+    assert predictions(plan) == want
 
 
 def test_bad_metrics_settings_are_refused() -> None:
