@@ -16,6 +16,7 @@ import pytest
 from llmctl.config import compose
 from llmctl.config.validate import validate
 from llmctl.errors import UserError
+from llmctl.plan import Layout, PlanRecord
 from llmctl.run.layout import resolve_layout
 from llmctl.run.metrics import MetricsLog, flops_per_token
 from llmctl.run.prom import (
@@ -30,8 +31,10 @@ from llmctl.run.prom import (
 
 pytest.importorskip("prometheus_client")
 
-PLAN = {"layout_name": "TP1 PP1", "step_time_s": 0.05, "tokens_per_s": 1e4, "mfu": 0.2}
-PLAN["peak_mem_gib"] = 0.5
+PLAN = PlanRecord(
+    layout=Layout(), layout_name="TP1 PP1", fits=True, peak_mem_gib=0.5, usable_gib=8.0,
+    memory_gib={}, step_time_s=0.05, tokens_per_s=1e4, mfu=0.2,
+)  # fmt: skip
 
 
 def _samples(exposition: bytes) -> dict[tuple[str, str], float]:
@@ -152,8 +155,6 @@ def test_starts_count_restarts_and_layout_changes(tmp_path: Path) -> None:
 
 
 def test_predictions_take_what_the_plan_has() -> None:
-    from llmctl.plan import Layout, PlanRecord
-
     assert predictions(None) == {}
     plan = PlanRecord(
         layout=Layout(), layout_name="TP1", fits=True, peak_mem_gib=1.5, usable_gib=8.0,
@@ -171,7 +172,7 @@ def test_bad_metrics_settings_are_refused() -> None:
 
 
 def test_status_metrics_are_the_exported_numbers(tmp_path: Path) -> None:
-    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN.file_dict()))
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for step in (1, 2):
         rec = {"step": step, "loss": 3.0 / step, "lr": 1e-3, "grad_norm": None}
