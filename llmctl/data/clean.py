@@ -21,7 +21,6 @@ report and preprocess's manifest record for their inputs: the chain is checkable
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ from typing import IO, Any
 from llmctl.data.clean_config import CleanConfig, Step
 from llmctl.data.filters.decontam import DecontamAction, contaminated
 from llmctl.data.filters.quality import Doc
-from llmctl.data.manifest import read_json, stamp, write_json_atomic
+from llmctl.data.manifest import file_sha256, read_json, stamp, write_json_atomic
 from llmctl.data.outputs import (
     Interrupted,
     OutputLock,
@@ -354,14 +353,6 @@ def output_name(path: str, kind: InputKind, root: Path) -> str:
     return str(rel) if kind is InputKind.JSONL else f"{rel}.jsonl"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def build_report(cfg: CleanConfig, results: list[dict[str, Any]], started: float) -> dict[str, Any]:
     """Totals over chunks: per step the count and share removed, reasons and examples."""
     num_docs = sum(r["num_docs"] for r in results)
@@ -456,7 +447,7 @@ def finish(
     payload = {
         **report,
         "inputs": [{"path": str(s.path), "sha256": s.sha256} for s in scans],
-        "outputs": [{"path": n, "sha256": _sha256(stage / n)} for n in names],
+        "outputs": [{"path": n, "sha256": file_sha256(stage / n)} for n in names],
         "command": command_line(),
     }
     write_json_atomic(stage / REPORT_NAME, payload)

@@ -8,6 +8,7 @@ matching manifest is looking at an interrupted run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -27,6 +28,15 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks (manifests record it per file)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

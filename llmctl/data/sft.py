@@ -51,7 +51,14 @@ from typing import Any
 import numpy as np
 
 from llmctl.data import indexed
-from llmctl.data.manifest import commit, manifest_path, read_json, stamp, write_json_atomic
+from llmctl.data.manifest import (
+    commit,
+    file_sha256,
+    manifest_path,
+    read_json,
+    stamp,
+    write_json_atomic,
+)
 from llmctl.errors import UserError
 from llmctl.staging import exists_error, not_ours_error
 
@@ -317,7 +324,7 @@ class ChatRenderer:
         return {
             "kind": "hf",
             "path": str(tok_json if tok_json.is_file() else self.folder),
-            "sha256": _sha256(tok_json) if tok_json.is_file() else "",
+            "sha256": file_sha256(tok_json) if tok_json.is_file() else "",
             "vocab_size": self.vocab_size,
             "eod": self.tok.eos_token_id if self.tok.eos_token_id is not None else self.pad_id,
             "pad": self.pad_id,
@@ -351,14 +358,6 @@ def _check_template(tok: Any, folder: str) -> None:
         _compile_jinja_template(template)
     except Exception as e:  # jinja2 TemplateSyntaxError / TemplateAssertionError
         raise UserError(f"--tokenizer {folder}: the chat template does not compile ({e})") from None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- packing
@@ -618,7 +617,7 @@ def _commit(
         "dtype": np.dtype(indexed.token_dtype(renderer.vocab_size)).name,
         "companions": {"loss_mask": Path(finals[1]).name, "doc_ids": Path(finals[2]).name},
         "inputs": [
-            {"path": str(p), "num_bytes": p.stat().st_size, "sha256": _sha256(p)} for p in paths
+            {"path": str(p), "num_bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in paths
         ],
         "tokenizer": renderer.identity(),
         "counts": summary.as_dict(),

@@ -32,7 +32,6 @@ as a word start).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -46,6 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from llmctl.data.choices import TokenizerKind
+from llmctl.data.manifest import file_sha256
 from llmctl.errors import UserError
 
 EOD_TOKEN = "<|endoftext|>"
@@ -53,14 +53,6 @@ TIKTOKEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"""
     r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +65,7 @@ class TokenizerSpec:
 
     def identity(self) -> dict[str, str]:
         """Kind, file and SHA-256: enough to tell whether two runs used the same tokenizer."""
-        return {"kind": self.kind.value, "path": str(self.path), "sha256": _sha256(self.path)}
+        return {"kind": self.kind.value, "path": str(self.path), "sha256": file_sha256(self.path)}
 
 
 def resolve_tokenizer(path: str | Path, kind: str | None = None) -> TokenizerSpec:
