@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
     from llmctl.train.loop import Checkpointer, TrainResult
 
 
 def run_in_process(
-    cfg: Any, run_dir: str | Path, *, checkpointer: Checkpointer | None = None
+    cfg: RootConfig, run_dir: str | Path, *, checkpointer: Checkpointer | None = None
 ) -> TrainResult:
     """Train with one rank inside this process; see `llmctl.train.run.run_in_process`."""
     from llmctl.train.run import run_in_process as _run

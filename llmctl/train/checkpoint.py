@@ -67,6 +67,7 @@ from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
 )
 
 if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
     from llmctl.plan import PlanRecord
 
 log = logging.getLogger("llmctl.train.checkpoint")
@@ -106,7 +107,7 @@ class DistCheckpointer:
         plan: The run's plan, recorded in each checkpoint.
     """
 
-    def __init__(self, cfg: Any, run_dir: Path, plan: PlanRecord | None = None) -> None:
+    def __init__(self, cfg: RootConfig, run_dir: Path, plan: PlanRecord | None = None) -> None:
         self.cfg, self.policy, self.plan = cfg, cfg.checkpoint, plan
         self.root = Path(run_dir) / "checkpoints"
         self.enabled = self.policy.interval > 0
@@ -428,7 +429,7 @@ class DistCheckpointer:
         raise TrainingStopped(code, msg)
 
 
-def make_checkpointer(cfg: Any, run_dir: Path, plan: PlanRecord | None = None) -> Any:
+def make_checkpointer(cfg: RootConfig, run_dir: Path, plan: PlanRecord | None = None) -> Any:
     """The checkpointer for a run: `DistCheckpointer` unless checkpointing is off entirely."""
     from llmctl.train.loop import NullCheckpointer
 

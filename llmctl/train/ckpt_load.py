@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.run import ckpt_store as store
@@ -26,6 +26,9 @@ from llmctl.run.ckpt_compat import check_compatible
 from llmctl.run.layout import layout_record
 from llmctl.train.ckpt_rng import restore_rng
 from llmctl.train.ckpt_save import _unwrap, sharded_state_dict
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 log = logging.getLogger("llmctl.train.checkpoint")
 
@@ -50,7 +53,7 @@ def newest_valid_step(
     return None
 
 
-def load_checkpoint(state: Any, ckpt_dir: Path, cfg: Any, rank: int, world: int) -> int:
+def load_checkpoint(state: Any, ckpt_dir: Path, cfg: RootConfig, rank: int, world: int) -> int:
     """Load one (validated) checkpoint directory into `state`. Returns its step.
 
     Raises:

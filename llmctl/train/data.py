@@ -19,10 +19,13 @@ one given, so the mask given is causal and block-diagonal).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.run.data import DataSpec, data_fingerprint
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 
 class _TokenizerInfo:
@@ -41,7 +44,7 @@ class _TokenizerInfo:
 
 
 def build_datasets(
-    cfg: Any, spec: DataSpec, num_train_samples: int, num_valid_samples: int
+    cfg: RootConfig, spec: DataSpec, num_train_samples: int, num_valid_samples: int
 ) -> tuple[Any, Any]:
     """Train and validation datasets (megatron GPTDataset, blended when several prefixes).
 
@@ -213,7 +216,7 @@ def _refuse_te_packing(packs: list[Any]) -> None:
 
 
 def build_sft_datasets(
-    cfg: Any, spec: DataSpec, num_train_samples: int, num_valid_samples: int
+    cfg: RootConfig, spec: DataSpec, num_train_samples: int, num_valid_samples: int
 ) -> tuple[Any, Any]:
     """Train and validation `SftSamples` over the packs of every prefix, split by data.split."""
     from llmctl.data.sft import PackedSft

@@ -22,10 +22,13 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.run.init_from import HF_PREFIX, IMPORT_SUBDIR, check_same_model, checkpoint_dir
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 log = logging.getLogger("llmctl.train")
 
@@ -93,7 +96,7 @@ def _agree(rank: int, value: str | None, error: str | None) -> str:
     return value
 
 
-def init_weights(state: Any, cfg: Any, run_dir: Path) -> Path:
+def init_weights(state: Any, cfg: RootConfig, run_dir: Path) -> Path:
     """Load `cfg.checkpoint.init_from` into a fresh run's model (weights only).
 
     The optimizer's fp32 main copies (bf16 params) are refreshed from the loaded weights.

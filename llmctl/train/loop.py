@@ -19,9 +19,12 @@ import math
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmctl.plan import Layout
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 log = logging.getLogger("llmctl.train")
 
@@ -30,7 +33,7 @@ log = logging.getLogger("llmctl.train")
 class TrainState:
     """Mutable state of a run: what a checkpoint saves and restores."""
 
-    cfg: Any
+    cfg: RootConfig
     layout: Layout
     run_dir: Path
     model: list[Any]
@@ -141,7 +144,7 @@ def _reduce_loss(losses_reduced: list[dict[str, Any]], device: Any) -> float:
 class Trainer:
     """Builds everything for one run on this rank and runs the steps."""
 
-    def __init__(self, cfg: Any, layout: Layout, run_dir: Path, data_spec: Any) -> None:
+    def __init__(self, cfg: RootConfig, layout: Layout, run_dir: Path, data_spec: Any) -> None:
         import torch
         from megatron.core import parallel_state as ps
 

@@ -10,10 +10,13 @@ the backward pass.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import UserError
 from llmctl.plan import Layout
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 
 def wrap_ddp(
@@ -62,7 +65,7 @@ def wrap_ddp(
     return wrapped
 
 
-def build_optimizer(cfg: Any, model: list[Any], config: Any, layout: Layout) -> Any:
+def build_optimizer(cfg: RootConfig, model: list[Any], config: Any, layout: Layout) -> Any:
     """megatron's optimizer (Adam with decoupled weight decay) over all chunks."""
     from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.optimizer import optimizer_config as oc
@@ -87,7 +90,7 @@ def build_optimizer(cfg: Any, model: list[Any], config: Any, layout: Layout) -> 
     return get_megatron_optimizer(opt_config, model)
 
 
-def build_scheduler(cfg: Any, optimizer: Any) -> Any:
+def build_scheduler(cfg: RootConfig, optimizer: Any) -> Any:
     """Linear warmup to `train.lr`, cosine decay to `train.min_lr`; steps count iterations."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 

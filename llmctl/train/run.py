@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmctl.config.values import enum_value as _v
 from llmctl.memory import peak_rss_bytes
@@ -34,6 +34,9 @@ from llmctl.run.metrics import (
     write_perf,
 )
 from llmctl.train.loop import Checkpointer, Trainer, TrainResult
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 log = logging.getLogger("llmctl.train")
 
@@ -58,7 +61,7 @@ class _Observer:
     """Rank 0's metrics file, panel and wandb; a no-op on other ranks."""
 
     def __init__(
-        self, cfg: Any, run_dir: Path, layout: Layout, on_gpu: bool, rank: int, start: int
+        self, cfg: RootConfig, run_dir: Path, layout: Layout, on_gpu: bool, rank: int, start: int
     ):
         from llmctl.train.panel import Panel
 
@@ -148,7 +151,7 @@ class _Observer:
             self.peak_mem_gib = max(now, self.peak_mem_gib or 0.0)
         return self.peak_mem_gib
 
-    def report(self, cfg: Any, layout: Layout, plan: PlanRecord | None) -> PerfReport:
+    def report(self, cfg: RootConfig, layout: Layout, plan: PlanRecord | None) -> PerfReport:
         step_s = steady_state_step_s(self.step_times)
         tflops = self.flops_per_step / step_s / self.num_devices / 1e12
         predicted_step_s = plan.step_time_s if plan else None
@@ -181,7 +184,7 @@ class _Observer:
 
 
 def train(
-    cfg: Any,
+    cfg: RootConfig,
     run_dir: Path,
     *,
     data_spec: Any = None,
@@ -236,7 +239,7 @@ def _cpu_share(
 
 
 def _train_loop(
-    cfg: Any,
+    cfg: RootConfig,
     run_dir: Path,
     layout: Layout,
     data_spec: Any,
@@ -301,7 +304,7 @@ def _train_loop(
     )
 
 
-def _resolve_data_rank0_first(cfg: Any, rank: int) -> Any:
+def _resolve_data_rank0_first(cfg: RootConfig, rank: int) -> Any:
     """Rank 0 resolves (and may build the demo corpus) first; the others then reuse the cache.
 
     A `UserError` on rank 0 is sent to every rank, so all of them stop with the same message
@@ -326,7 +329,7 @@ def _resolve_data_rank0_first(cfg: Any, rank: int) -> Any:
 
 
 def run_in_process(
-    cfg: Any, run_dir: str | Path, *, checkpointer: Checkpointer | None = None
+    cfg: RootConfig, run_dir: str | Path, *, checkpointer: Checkpointer | None = None
 ) -> TrainResult:
     """Train with one rank inside this process (starts and stops a one-rank gloo/NCCL group).
 
