@@ -13,7 +13,8 @@ PUT (`If-None-Match: *`), listing a checkpoint only once its marker exists.
 
 Keys are `/`-separated paths relative to the storage root (the checkpoints directory), e.g.
 `latest` or `iter_0000040/manifest.json`; a checkpoint's name (`iter_0000040`) is the prefix of
-its files. `storage_for` picks the backend for a location; today only POSIX directories.
+its files. `storage_for` picks the backend for a location: a POSIX directory, or
+`s3://BUCKET/PREFIX` (`storage_s3.S3Storage`, boto3 imported only then).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from llmctl.errors import UserError
 from llmctl.run.storage_posix import PosixStorage
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_S3_RE = re.compile(r"^s3:/")  # also `s3:/B/P`: what `pathlib.Path("s3://B/P")` keeps of it
 
 
 class CheckpointStorage(Protocol):
@@ -111,17 +113,26 @@ class CheckpointStorage(Protocol):
         ...
 
 
+def is_object_store(location: str | Path) -> bool:
+    """Whether a checkpoints location names an object store (`s3://...`), not a directory."""
+    return bool(_S3_RE.match(str(location)))
+
+
 def storage_for(location: str | Path) -> CheckpointStorage:
-    """The storage backend of a checkpoints location (today: a POSIX directory).
+    """The storage backend of a checkpoints location: a POSIX directory or `s3://BUCKET/PREFIX`.
 
     Raises:
-        UserError: If `location` is a URL (`s3://...`): object storage is not supported yet.
+        UserError: If `location` is a URL of another scheme, or has no bucket.
     """
     text = str(location)
+    if is_object_store(text):
+        from llmctl.run.storage_s3 import S3Storage
+
+        return S3Storage(text)
     scheme = _SCHEME_RE.match(text)
     if scheme:
         raise UserError(
-            f"checkpoint storage {text}: object storage ({scheme.group(1)}://) is not supported "
-            "yet; use a directory"
+            f"checkpoint storage {text}: {scheme.group(1)}:// is not supported; use a directory "
+            "or s3://BUCKET/PREFIX"
         )
     return PosixStorage(Path(location))
