@@ -118,6 +118,11 @@ def is_object_store(location: str | Path) -> bool:
     return bool(_S3_RE.match(str(location)))
 
 
+def location_text(location: str | Path) -> str:
+    """A location as a user writes it: `s3://B/P` again where `pathlib` made it `s3:/B/P`."""
+    return re.sub(r"^s3:/(?!/)", "s3://", str(location))
+
+
 def storage_for(location: str | Path) -> CheckpointStorage:
     """The storage backend of a checkpoints location: a POSIX directory or `s3://BUCKET/PREFIX`.
 

@@ -205,3 +205,27 @@ def test_an_endpoint_that_does_not_answer_is_one_line(
     with pytest.raises(UserError, match=r"endpoint unreachable .*check AWS_ENDPOINT_URL$") as err:
         check_reachable(s3_url)
     assert "\n" not in str(err.value)
+
+
+def test_llmctl_checkpoints_lists_and_validates_an_s3_location(s3_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    root = Path(s3_url)
+    for step in (2, 4):
+        _fake_checkpoint(root, step)
+    S3Storage(s3_url).delete(f"{store.iter_name(4)}/{store.TRAIN_STATE}")
+    result = CliRunner().invoke(app, ["checkpoints", s3_url, "--json", "--quick"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [(r["step"], r["valid"], r["latest"], r["path"]) for r in rows] == [
+        (4, False, True, f"{s3_url}/iter_0000004"),
+        (2, True, False, f"{s3_url}/iter_0000002"),
+    ]
+    assert "missing file train_state.json" in rows[0]["problems"]
+    table = CliRunner().invoke(app, ["checkpoints", s3_url, "--quick"])
+    assert table.exit_code == 0 and "(latest)" in table.output, table.output
+    missing = CliRunner().invoke(app, ["checkpoints", "s3://nobucket/x", "--quick"])
+    assert missing.exit_code == 2
+    assert "checkpoint storage s3://nobucket/x: bucket nobucket does not exist" in missing.output
