@@ -6,10 +6,10 @@ operation. Around it, llmctl's commit protocol (`ckpt_store`) assembles each new
 local *staging* directory (`staging_dir`), then *publishes* it through this interface
 (`commit`); validation, retention, listing and the `latest` pointer use only the interface.
 On POSIX (`PosixStorage`) the staging directory is `.tmp-iter_N` inside the checkpoints
-directory and publishing is the existing in-place commit (a rename). An object store backend
-(s3://, one new module) implements the same methods: its staging directory is local scratch,
-and its `commit` uploads that directory and then creates one marker object with a conditional
-PUT (`If-None-Match: *`), listing a checkpoint only once its marker exists.
+directory and publishing is the existing in-place commit (a rename). The object store backend
+(`storage_s3.S3Storage`, s3://) implements the same methods: its staging directory is local
+scratch, and its `commit` uploads that directory and then creates one marker object with a
+conditional PUT (`If-None-Match: *`), listing a checkpoint only once its marker exists.
 
 Keys are `/`-separated paths relative to the storage root (the checkpoints directory), e.g.
 `latest` or `iter_0000040/manifest.json`; a checkpoint's name (`iter_0000040`) is the prefix of
