@@ -40,6 +40,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +57,13 @@ MAX_CONCURRENCY = 8
 """Parts and files in flight at once during a commit."""
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
+"""Default seconds a request may wait on a silent server (socket reads and writes)."""
 MAX_ATTEMPTS = 3
-"""botocore retries (standard mode): a stalled server fails a request after about
-`MAX_ATTEMPTS * READ_TIMEOUT_S` seconds instead of hanging."""
+"""botocore attempts per request (standard mode): a stalled server fails a request after about
+`MAX_ATTEMPTS * (READ_TIMEOUT_S + backoff)` seconds instead of hanging."""
+
+STALL_TIMEOUT_S = 120
+"""Default seconds without any uploaded byte after which a commit gives up."""
 
 _ENV = (
     "AWS_ENDPOINT_URL",
@@ -108,9 +113,16 @@ def _boto3() -> Any:
     return boto3
 
 
-def client() -> Any:
-    """A boto3 S3 client from the standard AWS environment, cached per environment."""
-    env = "\0".join(os.environ.get(k, "") for k in _ENV)
+def client(*, read_timeout_s: float = READ_TIMEOUT_S, max_attempts: int = MAX_ATTEMPTS) -> Any:
+    """A boto3 S3 client from the standard AWS environment, cached per environment.
+
+    Args:
+        read_timeout_s: Seconds a request waits on a silent server before it fails (retried).
+        max_attempts: Attempts per request.
+    """
+    env = "\0".join(
+        [*(os.environ.get(k, "") for k in _ENV), str(read_timeout_s), str(max_attempts)]
+    )
     key = hashlib.sha256(env.encode()).hexdigest()  # the cache keys on no secret in clear
     with _clients_lock:
         if key not in _clients:
@@ -118,9 +130,9 @@ def client() -> Any:
             from botocore.config import Config
 
             config = Config(
-                connect_timeout=CONNECT_TIMEOUT_S,
-                read_timeout=READ_TIMEOUT_S,
-                retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+                connect_timeout=min(CONNECT_TIMEOUT_S, read_timeout_s),
+                read_timeout=read_timeout_s,
+                retries={"max_attempts": max_attempts, "mode": "standard"},
                 max_pool_connections=4 * MAX_CONCURRENCY,
             )
             _clients[key] = boto3.session.Session().client("s3", config=config)
@@ -159,6 +171,34 @@ def _local_files(staging: Path) -> builtins.list[tuple[Path, str]]:
     return sorted((p, p.relative_to(staging).as_posix()) for p in staging.rglob("*") if p.is_file())
 
 
+def _progress_watch() -> Any:
+    """An s3transfer subscriber that records when the last byte went out (`.last`)."""
+    from s3transfer.subscribers import BaseSubscriber
+
+    class Watch(BaseSubscriber):  # type: ignore[misc]
+        last = time.monotonic()
+
+        def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+            self.last = time.monotonic()
+
+    return Watch()
+
+
+def _wait_all(futures: builtins.list[Any], watch: Any, stall_timeout_s: float, what: str) -> None:
+    """Wait for every transfer; raise the first failure, or `TimeoutError` on a stall."""
+    pending = list(futures)
+    while pending:
+        for future in [f for f in pending if f.done()]:
+            future.result()  # raises the transfer's error
+            pending.remove(future)
+        idle_s = time.monotonic() - watch.last
+        if pending and idle_s > stall_timeout_s:
+            raise TimeoutError(
+                errno.ETIMEDOUT, f"upload stalled: no progress for {stall_timeout_s:g} s", what
+            )
+        time.sleep(0.02)
+
+
 class S3Storage:
     """Checkpoints under `s3://BUCKET/PREFIX`; keys are relative to the prefix.
 
@@ -166,6 +206,10 @@ class S3Storage:
         location: `s3://BUCKET/PREFIX`.
         scratch: Local directory holding staging directories (default: under the temp dir).
         multipart_bytes: Part size, and the size from which a file is uploaded in parts.
+        read_timeout_s: Seconds one request may wait on a silent (stalled) server.
+        max_attempts: Attempts per request.
+        stall_timeout_s: A commit whose upload sends no byte for this long fails with
+            `TimeoutError` (an `OSError`), its name hidden (no commit marker).
     """
 
     def __init__(
@@ -174,12 +218,16 @@ class S3Storage:
         *,
         scratch: Path | None = None,
         multipart_bytes: int = MULTIPART_BYTES,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_attempts: int = MAX_ATTEMPTS,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
     ) -> None:
         self.location = parse_location(location)
         self.bucket = self.location.bucket
         self.scratch = scratch or _default_scratch(self.location)
         self.multipart_bytes = multipart_bytes
-        self.client = client()
+        self.stall_timeout_s = stall_timeout_s
+        self.client = client(read_timeout_s=read_timeout_s, max_attempts=max_attempts)
 
     # ----- keys and listing -----
 
@@ -328,7 +376,13 @@ class S3Storage:
         return self.scratch / name
 
     def _upload(self, files: builtins.list[tuple[Path, str]], name: str) -> None:
-        """Upload `(path, rel)` pairs to `name/rel`, in parallel; large files in parts."""
+        """Upload `(path, rel)` pairs to `name/rel`, in parallel; large files in parts.
+
+        Raises:
+            TimeoutError: If no byte went out for `stall_timeout_s` (the transfer is abandoned;
+                its threads end with their requests' timeouts).
+            OSError: If a request failed.
+        """
         from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
         config = TransferConfig(
@@ -336,12 +390,24 @@ class S3Storage:
             multipart_chunksize=self.multipart_bytes,
             max_concurrency=MAX_CONCURRENCY,
         )
-        with _s3_errors(self._url(name)), create_transfer_manager(self.client, config) as tm:
-            futures = [
-                tm.upload(str(p), self.bucket, self._key(f"{name}/{rel}")) for p, rel in files
-            ]
-            for future in futures:
-                future.result()
+        tm = create_transfer_manager(self.client, config)
+        watch = _progress_watch()
+        futures: builtins.list[Any] = []
+        ok = False
+        try:
+            with _s3_errors(self._url(name)):
+                for p, rel in files:
+                    key = self._key(f"{name}/{rel}")
+                    futures.append(tm.upload(str(p), self.bucket, key, subscribers=[watch]))
+                _wait_all(futures, watch, self.stall_timeout_s, self._url(name))
+            ok = True
+        finally:
+            if ok:
+                tm.shutdown()
+            else:  # do not wait for requests stuck on a stalled server
+                for future in futures:
+                    future.cancel()
+                threading.Thread(target=tm.shutdown, kwargs={"cancel": True}, daemon=True).start()
 
     def commit(self, staging: Path, name: str) -> None:
         """Pending marker, parallel upload of `staging`, conditional PUT of the commit marker.

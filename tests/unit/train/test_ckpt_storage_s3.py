@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -229,3 +230,44 @@ def test_llmctl_checkpoints_lists_and_validates_an_s3_location(s3_url: str) -> N
     missing = CliRunner().invoke(app, ["checkpoints", "s3://nobucket/x", "--quick"])
     assert missing.exit_code == 2
     assert "checkpoint storage s3://nobucket/x: bucket nobucket does not exist" in missing.output
+
+
+@pytest.mark.slow
+def test_a_stalled_server_fails_the_commit_in_bounded_time(
+    s3_url: str, s3_server_factory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """SIGSTOP of the server mid-upload: the commit gives up after `stall_timeout_s`, hidden."""
+    server = s3_server_factory()
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    s3 = S3Storage(s3_url, scratch=tmp_path, multipart_bytes=5 << 20, stall_timeout_s=3)
+    staging = s3.staging_dir("iter_0000001")
+    staging.mkdir(parents=True)
+    for i in range(8):
+        (staging / f"__0_{i}.distcp").write_bytes(os.urandom(8 << 20))
+    watcher = S3Storage(s3_url)
+    outcome: list[BaseException | None] = []
+
+    def commit() -> None:
+        try:
+            s3.commit(staging, "iter_0000001")
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=commit)
+    thread.start()
+    _wait_for(lambda: _keys(watcher, f"{PENDING}iter_0000001") or not thread.is_alive())
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    thread.join(timeout=120)
+    waited_s = time.monotonic() - stopped
+    print("WAITED", waited_s, repr(outcome))
+    server.process.send_signal(signal.SIGCONT)
+    assert not thread.is_alive(), "the commit hung on a stopped server"
+    assert isinstance(outcome[0], TimeoutError), outcome
+    assert "upload stalled: no progress for 3 s" in str(outcome[0])
+    assert waited_s < 10, f"a stalled commit took {waited_s:.1f} s to fail (stall bound: 3 s)"
+    assert "iter_0000001/" not in watcher.list() and not watcher.exists("iter_0000001")
+    assert watcher.hidden() == {"iter_0000001"}
