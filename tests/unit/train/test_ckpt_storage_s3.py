@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,7 +108,7 @@ store.commit(root, tmp, step, manifest)
 """
 
 
-def _wait_for(cond, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(cond: Callable[[], object], timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, "timed out"
@@ -115,8 +117,8 @@ def _wait_for(cond, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-d
 
 @pytest.mark.slow
 def test_an_upload_killed_before_its_marker_is_never_selected(
-    s3_url: str, s3_server_factory, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    s3_url: str, s3_server_factory: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGKILL of the server mid-upload (and of the uploader), restart on the same data."""
     server = s3_server_factory()
     for name, value in server.env().items():
@@ -164,7 +166,7 @@ def test_retention_deletes_only_older_committed_checkpoints(s3_url: str) -> None
     assert valid is not None and valid.step == 4
 
 
-def test_no_secret_reaches_the_store_or_the_scratch(s3_url: str, s3_server) -> None:  # type: ignore[no-untyped-def]
+def test_no_secret_reaches_the_store_or_the_scratch(s3_url: str, s3_server: Any) -> None:
     root = Path(s3_url)
     _fake_checkpoint(root, 1)
     s3 = S3Storage(s3_url)
@@ -234,8 +236,11 @@ def test_llmctl_checkpoints_lists_and_validates_an_s3_location(s3_url: str) -> N
 
 @pytest.mark.slow
 def test_a_stalled_server_fails_the_commit_in_bounded_time(
-    s3_url: str, s3_server_factory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    s3_url: str,
+    s3_server_factory: Callable[[], Any],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
     """SIGSTOP of the server mid-upload: the commit gives up after `stall_timeout_s`, hidden."""
     server = s3_server_factory()
     for name, value in server.env().items():
