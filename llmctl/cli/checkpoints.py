@@ -1,4 +1,5 @@
-"""`llmctl checkpoints RUN_DIR [--json] [--quick]`: step, size, layout and validity of each."""
+"""`llmctl checkpoints RUN_DIR|s3://BUCKET/PREFIX [--json] [--quick]`: step, size, layout and
+validity of each."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from rich.table import Table
 
 from llmctl.cli.common import JsonOpt, console_progress
 
-RunDirArg = Annotated[str, typer.Argument(help="Run directory (holds checkpoints/).")]
+RunDirArg = Annotated[
+    str,
+    typer.Argument(
+        help="Run directory (holds checkpoints/), or a checkpoints location s3://BUCKET/PREFIX "
+        "(endpoint and credentials from the AWS_* variables)."
+    ),
+]
 QuickOpt = Annotated[
     bool, typer.Option("--quick", help="Check sizes only, not checksums (no full read).")
 ]
@@ -26,6 +33,7 @@ def checkpoints(run_dir: RunDirArg, as_json: JsonOpt = False, quick: QuickOpt = 
     """List the checkpoints of a run, newest first, and whether each would load.
 
     Example: llmctl checkpoints runs/tiny_cpu-20261130T041500Z --json
+    Example: llmctl checkpoints s3://ckpt/tiny_cpu/checkpoints --quick
     """
     from llmctl.run.ckpt_store import describe_checkpoints
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from llmctl.progress import NO_PROGRESS, Progress
 from llmctl.run.ckpt_safe import shard_files_in_metadata
-from llmctl.run.storage import CheckpointStorage, storage_for
+from llmctl.run.storage import CheckpointStorage, is_object_store, location_text, storage_for
 from llmctl.run.storage_posix import (  # the local snapshot is a POSIX directory everywhere
     atomic_write,
     fsync_dir,
@@ -399,23 +399,34 @@ def _layout_text(manifest: dict[str, Any] | None) -> str:
     return " ".join(dims)
 
 
+def _checkpoints_root(location: str | Path) -> Path:
+    """`RUN_DIR/checkpoints`, or an object-store location checked to be reachable."""
+    if is_object_store(location):
+        from llmctl.run.storage_s3 import check_reachable
+
+        check_reachable(str(location))
+        return Path(str(location))
+    from llmctl.run.rundir import require_run_dir
+
+    return require_run_dir(location) / "checkpoints"  # the one "not a run directory" wording
+
+
 def describe_checkpoints(
     run_dir: str | Path, *, full: bool = True, progress: Progress = NO_PROGRESS
 ) -> list[dict[str, Any]]:
     """One JSON-ready row per committed checkpoint of a run directory, newest first.
 
     Args:
-        run_dir: The run directory (holding `checkpoints/`).
+        run_dir: The run directory (holding `checkpoints/`), or a checkpoints location in an
+            object store (`s3://BUCKET/PREFIX`).
         full: Verify CRC32s (reads every byte) instead of sizes only.
         progress: One step per checkpoint validated.
 
     Raises:
-        UserError: If `run_dir` is not a run directory.
+        UserError: If `run_dir` is not a run directory, or the object store cannot be used
+            (credentials, bucket, endpoint).
     """
-    from llmctl.run.rundir import require_run_dir
-
-    run_dir = require_run_dir(run_dir)  # the one "not a run directory" wording
-    root = run_dir / "checkpoints"
+    root = _checkpoints_root(run_dir)
     latest = read_latest(root)
     steps, checks = list(reversed(committed_steps(root))), []
     with progress.phase("validate checkpoints", len(steps)) as phase:
@@ -428,7 +439,7 @@ def describe_checkpoints(
         rows.append(
             {
                 "step": v.step,
-                "path": str(v.path),
+                "path": location_text(v.path),
                 "size_bytes": v.size_bytes,
                 "layout": _layout_text(m),
                 "world_size": m.get("world_size"),

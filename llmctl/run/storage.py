@@ -6,14 +6,15 @@ operation. Around it, llmctl's commit protocol (`ckpt_store`) assembles each new
 local *staging* directory (`staging_dir`), then *publishes* it through this interface
 (`commit`); validation, retention, listing and the `latest` pointer use only the interface.
 On POSIX (`PosixStorage`) the staging directory is `.tmp-iter_N` inside the checkpoints
-directory and publishing is the existing in-place commit (a rename). An object store backend
-(s3://, one new module) implements the same methods: its staging directory is local scratch,
-and its `commit` uploads that directory and then creates one marker object with a conditional
-PUT (`If-None-Match: *`), listing a checkpoint only once its marker exists.
+directory and publishing is the existing in-place commit (a rename). The object store backend
+(`storage_s3.S3Storage`, s3://) implements the same methods: its staging directory is local
+scratch, and its `commit` uploads that directory and then creates one marker object with a
+conditional PUT (`If-None-Match: *`), listing a checkpoint only once its marker exists.
 
 Keys are `/`-separated paths relative to the storage root (the checkpoints directory), e.g.
 `latest` or `iter_0000040/manifest.json`; a checkpoint's name (`iter_0000040`) is the prefix of
-its files. `storage_for` picks the backend for a location; today only POSIX directories.
+its files. `storage_for` picks the backend for a location: a POSIX directory, or
+`s3://BUCKET/PREFIX` (`storage_s3.S3Storage`, boto3 imported only then).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from llmctl.errors import UserError
 from llmctl.run.storage_posix import PosixStorage
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_S3_RE = re.compile(r"^s3:/")  # also `s3:/B/P`: what `pathlib.Path("s3://B/P")` keeps of it
 
 
 class CheckpointStorage(Protocol):
@@ -111,17 +113,31 @@ class CheckpointStorage(Protocol):
         ...
 
 
+def is_object_store(location: str | Path) -> bool:
+    """Whether a checkpoints location names an object store (`s3://...`), not a directory."""
+    return bool(_S3_RE.match(str(location)))
+
+
+def location_text(location: str | Path) -> str:
+    """A location as a user writes it: `s3://B/P` again where `pathlib` made it `s3:/B/P`."""
+    return re.sub(r"^s3:/(?!/)", "s3://", str(location))
+
+
 def storage_for(location: str | Path) -> CheckpointStorage:
-    """The storage backend of a checkpoints location (today: a POSIX directory).
+    """The storage backend of a checkpoints location: a POSIX directory or `s3://BUCKET/PREFIX`.
 
     Raises:
-        UserError: If `location` is a URL (`s3://...`): object storage is not supported yet.
+        UserError: If `location` is a URL of another scheme, or has no bucket.
     """
     text = str(location)
+    if is_object_store(text):
+        from llmctl.run.storage_s3 import S3Storage
+
+        return S3Storage(text)
     scheme = _SCHEME_RE.match(text)
     if scheme:
         raise UserError(
-            f"checkpoint storage {text}: object storage ({scheme.group(1)}://) is not supported "
-            "yet; use a directory"
+            f"checkpoint storage {text}: {scheme.group(1)}:// is not supported; use a directory "
+            "or s3://BUCKET/PREFIX"
         )
     return PosixStorage(Path(location))
