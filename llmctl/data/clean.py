@@ -40,6 +40,7 @@ from llmctl.data.outputs import (
     OutputLock,
     check_workers,
     command_line,
+    fresh_work_dir,
     interruptible,
     resolve_workers,
     stop_code,
@@ -464,8 +465,10 @@ def validate(cfg: CleanConfig) -> None:
     check_workers(cfg.num_workers)
     if not cfg.steps:
         raise UserError("clean: no steps chosen")
-    if Step.DECONTAM in cfg.steps and not cfg.decontam.eval_files:
-        raise UserError("decontam needs evaluation files (--decontam FILE)")
+    if Step.DECONTAM in cfg.steps:
+        if not cfg.decontam.eval_files:
+            raise UserError("decontam needs evaluation files (--decontam FILE)")
+        cfg.decontam.load()  # a missing or malformed evaluation file: before any write
     if Step.LANGUAGE in cfg.steps:
         from llmctl.data.filters.langid import identifier
 
@@ -496,11 +499,7 @@ def _prepare_work_dir(cfg: CleanConfig, chunks: list[Chunk], scans: list[Any]) -
         "inputs": [[str(s.path), s.sha256] for s in scans],
         "chunks": [[list(c.paths), c.start, c.end] for c in chunks],
     }
-    if read_json(work_dir / "plan.json") != fingerprint and work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(work_dir / "plan.json", fingerprint)
-    return work_dir
+    return fresh_work_dir(work_dir, fingerprint)
 
 
 def dry_run(cfg: CleanConfig, chunks: list[Chunk], started: float) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from llmctl.data.outputs import (
     OutputLock,
     check_workers,
     command_line,
+    fresh_work_dir,
     interruptible,
     resolve_workers,
     stop_code,
@@ -760,11 +761,7 @@ def prepare_work_dir(cfg: DedupConfig, chunks: list[Chunk], scans: list[Any]) ->
         "inputs": [[str(s.path), s.sha256] for s in scans],
         "chunks": [[list(c.paths), c.start, c.end] for c in chunks],
     }
-    if read_json(work_dir / "plan.json") != fingerprint and work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(work_dir / "plan.json", fingerprint)
-    return work_dir
+    return fresh_work_dir(work_dir, fingerprint)
 
 
 def finish(

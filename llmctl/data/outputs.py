@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from llmctl.data.manifest import read_json, write_json_atomic
 from llmctl.errors import UserError
 from llmctl.staging import make_parent
 
@@ -164,3 +165,25 @@ def resolve_workers(requested: int) -> int:
         )
         return cores
     return requested
+
+
+def fresh_work_dir(work_dir: Path, fingerprint: dict[str, Any]) -> Path:
+    """The work folder of a resumable run, kept when its plan.json equals `fingerprint`
+    (resume) and discarded when an earlier llmctl run made it for other inputs or settings.
+
+    Raises:
+        UserError: the folder holds files but no plan.json: it is not llmctl's.
+    """
+    import shutil
+
+    found = read_json(work_dir / "plan.json")
+    if found != fingerprint and work_dir.exists():
+        if found is None and any(work_dir.iterdir()):
+            raise UserError(
+                f"{work_dir} exists and was not written by llmctl; move it away or choose "
+                "another --out"
+            )
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(work_dir / "plan.json", fingerprint)
+    return work_dir

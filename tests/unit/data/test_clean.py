@@ -128,7 +128,17 @@ def test_user_errors(tmp_path: Path, raw_corpus: Path) -> None:
         result = runner.invoke(app, ["data", "clean", str(raw_corpus), "-o", str(tmp_path / "o"),
                                      *args])  # fmt: skip
         assert result.exit_code == 2 and msg in result.output, (args, result.output)
-    assert not (tmp_path / "o").exists()
+    assert list(tmp_path.iterdir()) == []  # no output and no work folder left behind
+
+
+def test_a_work_folder_llmctl_did_not_write_is_kept(tmp_path: Path, raw_corpus: Path) -> None:
+    out = tmp_path / "o"
+    theirs = tmp_path / "o.llmctl-tmp"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["data", "clean", str(raw_corpus), "-o", str(out)])
+    assert result.exit_code == 2 and "was not written by llmctl" in result.output, result.output
+    assert (theirs / "notes.txt").read_text() == "mine" and not out.exists()
 
 
 def test_workers_and_resume_give_the_same_output(tmp_path: Path, raw_corpus: Path) -> None:
