@@ -209,16 +209,35 @@ def _split_infixes(chunk: str, out: list[str]) -> None:
         out.append(chunk[pos:])
 
 
+_MEMO: dict[str, tuple[str, ...]] = {}
+"""Pieces of chunks already split (punctuated words recur Zipf-fashion across a corpus)."""
+_MEMO_MAX = 200_000
+"""Entries kept before the memo is emptied: bounds its memory (tens of MB) on any corpus."""
+
+
+def _pieces(chunk: str) -> tuple[str, ...]:
+    """`chunk` split into its tokens, memoised (the split depends on the chunk alone)."""
+    got = _MEMO.get(chunk)
+    if got is None:
+        out: list[str] = []
+        _split_chunk(chunk, out)
+        got = tuple(out)
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        _MEMO[chunk] = got
+    return got
+
+
 def split_words(text: str) -> list[str]:
     """The words of `text` (punctuation tokens included), about as spaCy's English tokeniser
     splits them: see the module docstring."""
     out: list[str] = []
-    append = out.append
+    append, extend = out.append, out.extend
     for chunk in text.split():
         if chunk.isalnum() and chunk not in _SPLIT:
             append(chunk)
         else:
-            _split_chunk(chunk, out)
+            extend(_pieces(chunk))
     return out
 
 
