@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: what llmctl does on this CPU machine, end to end, on embedded defaults.
-#   topology -> plan (Llama-3 70B on 64 H100s) -> corpus -> dedup -> tokenizer -> preprocess
+#   topology -> plan (Llama-3 70B on 64 H100s) -> corpus -> clean -> dedup -> tokenizer
+#   -> preprocess
 #   -> train the tiny model (megatron-core, local launcher) -> export to Hugging Face
 #   -> quantize W8A16 and W4A16 (llm-compressor), each with a before/after table.
 # Everything lands under $DEMO_DIR (default demo_out/); nothing is downloaded.
@@ -22,8 +23,14 @@ $LLMCTL plan recipe=llama3_70b_pretrain_64gpu_h100_fp8
 step "llmctl data corpus: the Python standard library's sources as JSONL documents"
 $LLMCTL data corpus -o "$OUT/data/corpus.jsonl"
 
+# The corpus is source code: the prose filters (Gopher, C4, FineWeb) would reject all of it, so
+# the demo runs the character-class limits and PII replacement (e-mails, IPs, phone numbers).
+step "llmctl data clean: character-class limits + PII replacement, before dedup"
+$LLMCTL data clean "$OUT/data/corpus.jsonl" -o "$OUT/data/clean" --filters charset --pii \
+  --set charset.max_non_ascii_ratio=0.01 --set charset.max_digit_ratio=0.25
+
 step "llmctl data dedup: exact + MinHash near-duplicates"
-$LLMCTL data dedup "$OUT/data/corpus.jsonl" -o "$OUT/data/dedup"
+$LLMCTL data dedup "$OUT/data/clean/corpus.jsonl" -o "$OUT/data/dedup"
 
 step "llmctl data tokenizer train: byte-level BPE, 4096 tokens"
 $LLMCTL data tokenizer train "$OUT/data/dedup/corpus.jsonl" -o "$OUT/data/tokenizer"

@@ -37,7 +37,7 @@ import numpy as np
 
 from llmctl.data.choices import DedupMode as DedupMode
 from llmctl.data.choices import Verify as Verify
-from llmctl.data.manifest import read_json, stamp, write_json_atomic
+from llmctl.data.manifest import read_json, stamp, upstream_report, write_json_atomic
 from llmctl.data.minhash import (
     SIGNATURE_SCHEME,
     MinHasher,
@@ -796,6 +796,7 @@ def finish(
     payload = report.as_dict()
     payload["inputs"] = [{"path": str(s.path), "sha256": s.sha256} for s in scans]
     payload["command"] = command_line()
+    payload["clean"] = upstream_report([str(s.path) for s in scans], "clean_report.json")
     write_json_atomic(out_tmp / REPORT_NAME, payload)
     commit_dir(out_tmp, out, "dedup", metadata=(REPORT_NAME,))
     _clean(work_dir, keep_logs)

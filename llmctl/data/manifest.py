@@ -48,6 +48,29 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def upstream_report(paths: list[str], name: str) -> dict[str, Any] | None:
+    """Parameters of the llmctl step that wrote these input files: its report `name` sits in
+    that step's output folder (an input's folder or one above it) and names that folder.
+
+    Returns the report's "params" plus its path and SHA-256 (so a later step's manifest says
+    exactly which run it read), the report's own upstream records ("clean" in a dedup report)
+    carried along, or None when no input came from such a step.
+    """
+    for entry in paths:
+        path = Path(entry).resolve()
+        folders = ([path] if path.is_dir() else []) + list(path.parents)[:3]
+        for folder in folders:
+            report = read_json(folder / name)
+            if not report or not isinstance(report.get("params"), dict):
+                continue
+            if Path(str(report.get("output_dir"))).resolve() == folder:
+                digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+                record = {**report["params"], "report": str(folder / name)}
+                record["report_sha256"] = digest
+                return record
+    return None
+
+
 def stamp() -> dict[str, str]:
     """Version and time fields every manifest carries."""
     return {

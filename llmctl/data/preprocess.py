@@ -18,7 +18,6 @@ checksums, tokenizer checksum, options) is unchanged; otherwise the work folder 
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import os
 import queue
@@ -32,7 +31,14 @@ from typing import Any
 import numpy as np
 
 from llmctl.data import indexed
-from llmctl.data.manifest import commit, manifest_path, read_json, stamp, write_json_atomic
+from llmctl.data.manifest import (
+    commit,
+    manifest_path,
+    read_json,
+    stamp,
+    upstream_report,
+    write_json_atomic,
+)
 from llmctl.data.outputs import (
     Interrupted,
     OutputLock,
@@ -507,19 +513,15 @@ def _summarize(
     )
 
 
-def _dedup_record(inputs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Parameters of the `llmctl data dedup` run that wrote these inputs: its report sits in
-    the output folder (an input's folder or one above it) and names that folder."""
-    for entry in inputs:
-        for folder in list(Path(entry["path"]).resolve().parents)[:3]:
-            report = read_json(folder / "dedup_report.json")
-            if not report or not isinstance(report.get("params"), dict):
-                continue
-            if Path(str(report.get("output_dir"))).resolve() == folder:
-                path = folder / "dedup_report.json"
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                return {**report["params"], "report": str(path), "report_sha256": digest}
-    return None
+def _upstream(inputs: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, Any]:
+    """The dedup run that wrote these inputs, and the clean run before it (or before these
+    inputs directly): (dedup record, clean record), each None when there was none."""
+    paths = [str(e["path"]) for e in inputs]
+    dedup = upstream_report(paths, "dedup_report.json")
+    if dedup is not None:
+        report = read_json(Path(dedup["report"])) or {}
+        return dedup, report.get("clean")
+    return None, upstream_report(paths, "clean_report.json")
 
 
 def _commit(
@@ -536,6 +538,7 @@ def _commit(
         merged = shards[0]
     else:
         indexed.merge_shards(shards, merged, indexed.token_dtype(plan["tokenizer"]["vocab_size"]))
+    dedup_record, clean_record = _upstream(plan["inputs"])
     manifest = {
         **stamp(),
         "kind": "megatron-indexed-dataset",
@@ -553,7 +556,8 @@ def _commit(
             "skipped": summary.problems["counts"],
         },
         "problem_examples": summary.problems["examples"],
-        "dedup": cfg.dedup or _dedup_record(plan["inputs"]),
+        "dedup": cfg.dedup or dedup_record,
+        "clean": clean_record,
         "drop_empty": cfg.drop_empty,
         "command": run.command or command_line(),
     }

@@ -74,3 +74,38 @@ def test_preprocess_reads_a_dedup_folder_and_the_manifest_links_them(
     assert manifest["command"]["argv"][1:] == cmd[3:]
     assert manifest["command"]["host"] == socket.gethostname()
     assert json.loads(report.read_text())["command"]["host"] == socket.gethostname()
+
+
+def test_clean_dedup_preprocess_chain_in_every_manifest(
+    tmp_path: Path, corpus: Path, hf_tokenizer: Path
+) -> None:
+    """clean -> dedup -> preprocess: the dedup report names the clean run it read, and the
+    dataset manifest names both (the report files and their SHA-256); clean -> preprocess
+    directly names the clean run alone."""
+    import hashlib
+
+    base = [sys.executable, "-m", "llmctl", "data"]
+    cl, dd = tmp_path / "clean", tmp_path / "dd"
+    steps = [
+        ["clean", str(corpus), "-o", str(cl), "--filters", "charset", "--pii", "-j", "1",
+         "--set", "charset.max_digit_ratio=0.5"],
+        ["dedup", str(cl), "-o", str(dd), "-j", "1"],
+        ["preprocess", str(dd), "-o", str(tmp_path / "ds"), "-t", str(hf_tokenizer), "-j", "1"],
+        ["preprocess", str(cl), "-o", str(tmp_path / "direct"), "-t", str(hf_tokenizer), "-j",
+         "1"],
+    ]  # fmt: skip
+    for argv in steps:
+        run = subprocess.run([*base, *argv], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+    clean_report = cl / "clean_report.json"
+    digest = hashlib.sha256(clean_report.read_bytes()).hexdigest()
+    dedup_report = json.loads((dd / "dedup_report.json").read_text())
+    assert dedup_report["clean"]["report"] == str(clean_report.resolve())
+    assert dedup_report["clean"]["report_sha256"] == digest
+    assert dedup_report["clean"]["charset"]["max_digit_ratio"] == 0.5
+    assert dedup_report["clean"]["steps"] == ["charset", "pii"]
+    chained = json.loads((tmp_path / "ds.manifest.json").read_text())
+    assert chained["clean"] == dedup_report["clean"]
+    assert chained["dedup"]["report"] == str((dd / "dedup_report.json").resolve())
+    direct = json.loads((tmp_path / "direct.manifest.json").read_text())
+    assert direct["clean"]["report_sha256"] == digest and direct["dedup"] is None
