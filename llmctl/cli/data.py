@@ -229,11 +229,15 @@ def clean_cmd(
     ] = False,
     sample: Annotated[int, typer.Option("--sample", help="Documents a dry run looks at.")] = 10000,
     force: ForceOpt = False,
+    launcher: LauncherOpt = Launcher.LOCAL,
+    partition: PartitionOpt = None,
+    max_parallel: MaxParallelOpt = None,
+    print_script: PrintScriptOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Quality filters, language ID, decontamination and PII over INPUTS (before dedup)."""
-    from llmctl.data.clean import run_clean
     from llmctl.data.clean_config import CleanConfig, apply_overrides, steps_from_options
+    from llmctl.data.commands import SlurmRequest, run_clean
 
     steps = steps_from_options(filters, languages, decontam, pii)
     cfg = CleanConfig(
@@ -244,8 +248,9 @@ def clean_cmd(
     cfg.language.languages = languages.split(",") if languages else []
     cfg.decontam.eval_files = list(decontam or [])
     apply_overrides(cfg, list(overrides or []), config)
-    report = run_clean(cfg, _progress("clean", as_json))
-    if as_json:
+    slurm = SlurmRequest(partition=partition, max_parallel=max_parallel, print_script=print_script)
+    report = run_clean(cfg, _progress("clean", as_json), launcher, slurm)
+    if as_json or "job_dir" in report:
         _render(report, as_json, "clean")
         return
     _show_clean(report, "clean" + (" (dry run)" if dry_run else f" -> {out}"))

@@ -339,7 +339,7 @@ def run_chunks(
 # ---------------------------------------------------------------- report and output
 
 
-def _common_root(chunks: list[Chunk]) -> Path:
+def common_root(chunks: list[Chunk]) -> Path:
     paths = [Path(p).resolve() for c in chunks for p in c.paths]
     return Path(os.path.commonpath([p.parent for p in paths])) if paths else Path(".")
 
@@ -399,7 +399,7 @@ def _join_parts(
     """Concatenate the part files, per input file in chunk order, into `stage`."""
     from llmctl.data.writers import open_binary_write
 
-    root = _common_root(chunks)
+    root = common_root(chunks)
     outputs: dict[str, IO[bytes]] = {}
     try:
         for chunk in chunks:
@@ -426,9 +426,18 @@ def _join_rejected(chunks: list[Chunk], work_dir: Path, stage: Path) -> None:
 
 
 def finish(
-    cfg: CleanConfig, chunks: list[Chunk], scans: list[Any], work_dir: Path, started: float
+    cfg: CleanConfig,
+    chunks: list[Chunk],
+    scans: list[Any],
+    work_dir: Path,
+    started: float,
+    keep_logs: bool = False,
 ) -> dict[str, Any]:
-    """Join the chunks' outputs, write the report, rename the folder into place."""
+    """Join the chunks' outputs, write the report, rename the folder into place.
+
+    The work folder is removed at the end; with `keep_logs` (SLURM) the job's `job.json`,
+    scripts and logs stay and only the parts go.
+    """
     results = {c.index: read_json(work_dir / f"done_{c.index:06d}.json") for c in chunks}
     done = {i: r for i, r in results.items() if r is not None}
     report = build_report(cfg, list(done.values()), started)
@@ -453,8 +462,21 @@ def finish(
     }
     write_json_atomic(stage / REPORT_NAME, payload)
     commit_dir(stage, Path(cfg.output_dir), "clean", metadata=tuple(metadata))
-    shutil.rmtree(work_dir, ignore_errors=True)
+    _remove_work(work_dir, keep_logs)
     return payload
+
+
+def _remove_work(work_dir: Path, keep_logs: bool) -> None:
+    if not keep_logs:
+        shutil.rmtree(work_dir, ignore_errors=True)
+        return
+    for p in work_dir.iterdir():
+        if p.name == "job.json" or p.suffix in (".sbatch", ".out"):
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- driver
@@ -490,7 +512,7 @@ def work_dir_for(cfg: CleanConfig) -> Path:
     return out.with_name(out.name + ".llmctl-tmp")
 
 
-def _prepare_work_dir(cfg: CleanConfig, chunks: list[Chunk], scans: list[Any]) -> Path:
+def prepare_work_dir(cfg: CleanConfig, chunks: list[Chunk], scans: list[Any]) -> Path:
     """The work folder, discarding one made for other inputs or settings."""
     work_dir = work_dir_for(cfg)
     fingerprint = {
@@ -549,10 +571,10 @@ def _clean_here(
     cfg: CleanConfig, on_progress: Callable[[int, int, int], None] | None, started: float
 ) -> dict[str, Any]:
     chunks, scans = plan_chunks(discover(list(cfg.inputs)), cfg.chunk_bytes)
-    root = _common_root(chunks)
+    root = common_root(chunks)
     names = {output_name(p, c.kind, root) for c in chunks for p in c.paths}
     check_collisions(Path(str(cfg.output_dir)), sorted(names | {REPORT_NAME, REJECTED_NAME}))
-    work_dir = _prepare_work_dir(cfg, chunks, scans)
+    work_dir = prepare_work_dir(cfg, chunks, scans)
     total = sum(c.num_bytes for c in chunks)
     report = on_progress or (lambda _t, _d, _b: None)
     report(total, 0, 0)

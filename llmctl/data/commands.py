@@ -25,6 +25,7 @@ from llmctl.staging import (
 )
 
 if TYPE_CHECKING:
+    from llmctl.data.clean_config import CleanConfig
     from llmctl.data.dedup import DedupConfig
     from llmctl.data.preprocess import PreprocessConfig, ProgressUpdate
     from llmctl.progress import ByteProgress
@@ -96,6 +97,23 @@ def run_dedup(
 
     with progress:
         return dedup(cfg, on_progress=update).as_dict()
+
+
+def run_clean(
+    cfg: CleanConfig,
+    progress: ByteProgress,
+    launcher: Launcher = Launcher.LOCAL,
+    slurm: SlurmRequest | None = None,
+) -> dict[str, Any]:
+    """`llmctl data clean`: here, or as a SLURM array job plus a join job."""
+    if launcher is Launcher.SLURM:
+        from llmctl.data.clean_slurm import submit_clean
+
+        req = slurm or SlurmRequest()
+        return submit_clean(cfg, _slurm_options(req), render_only=req.print_script)
+    from llmctl.data.clean import run_clean as clean_here
+
+    return clean_here(cfg, progress)
 
 
 def run_tokenizer_train(

@@ -16,7 +16,8 @@ The inputs are checked before the folder is made (each chunk read up to its firs
 bad first record or no document at all is one line, exit code 2); `--print-script` renders the
 scripts to stdout and writes nothing.
 Run as a module, this file is what the scripts call: `python -m llmctl.data.slurm
-signatures|finish|preprocess-shard|preprocess-merge JOB_JSON [TASK_ID]`.
+signatures|finish|preprocess-shard|preprocess-merge|clean-chunk|clean-join JOB_JSON
+[TASK_ID]` (clean's steps live in `llmctl.data.clean_slurm`).
 
 `preprocess` works the same way: array task i tokenizes chunk i into
 `<prefix>.llmctl-tmp/shard_<i>` (skipped when already done), and the merge job concatenates the
@@ -388,6 +389,11 @@ def main(argv: list[str]) -> None:
 
 def _main(argv: list[str]) -> None:
     step, job_json = argv[0], Path(argv[1])
+    if step.startswith("clean-"):
+        from llmctl.data.clean_slurm import clean_step
+
+        print(json.dumps(clean_step(step, job_json, argv[2:])))
+        return
     if step.startswith("preprocess-"):
         print(json.dumps(_preprocess_step(step, job_json, argv[2:])))
         return

@@ -156,9 +156,9 @@ def test_workers_and_resume_give_the_same_output(tmp_path: Path, raw_corpus: Pat
     # a run killed after its first chunk: that chunk's finished parts are reused
     three = tmp_path / "three"
     c3 = cfg(three, 1)
-    from llmctl.data.clean import _prepare_work_dir
+    from llmctl.data.clean import prepare_work_dir
 
-    work = _prepare_work_dir(c3, chunks, plan_chunks(discover([str(raw_corpus)]), 64 << 10)[1])
+    work = prepare_work_dir(c3, chunks, plan_chunks(discover([str(raw_corpus)]), 64 << 10)[1])
     clean_chunk(chunks[0], c3, work)
     part = work / "part_000000_0000.jsonl"
     marker = b'{"text": "resumed part"}\n'
