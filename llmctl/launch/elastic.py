@@ -38,6 +38,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,21 +106,29 @@ def grad_accumulation(layout: Layout, global_batch_size: int) -> int:
     return global_batch_size // (layout.micro_batch_size * layout.dp)
 
 
-def replan(run_dir: Path, original: RootConfig, num_nodes: int) -> TrainLaunch:
+def replan(
+    run_dir: Path,
+    num_nodes: int,
+    *,
+    full_nodes: int,
+    full_dp: int | None,
+    force: bool = False,
+    from_scratch: bool = False,
+) -> TrainLaunch:
     """The best layout on `num_nodes` nodes, as `llmctl resume RUN --nodes N` plans it.
 
-    DP is left to the planner (the original `parallel.dp` again once every node is back);
-    everything else of the saved config stays, the global batch included (keep_global).
+    DP is left to the planner (the original `parallel.dp`, `full_dp`, again once all
+    `full_nodes` nodes are back); everything else of the saved config stays, the global batch
+    included (keep_global). `from_scratch`: no checkpoint yet (a SLURM job's first start).
 
     Raises:
         UserError: No layout fits, or the run directory cannot resume (no valid checkpoint).
     """
     from llmctl.launch.ckpt_resume import prepare_resume
 
-    full = num_nodes == original.cluster.num_nodes
-    dp = original.parallel.dp if full else None
+    dp = full_dp if num_nodes == full_nodes else None
     overrides = [f"cluster.num_nodes={num_nodes}", f"parallel.dp={'null' if dp is None else dp}"]
-    return prepare_resume(run_dir, overrides, ignore_fit=bool(original.train.force))
+    return prepare_resume(run_dir, overrides, ignore_fit=force, restart_from_scratch=from_scratch)
 
 
 def commit_replan(new: TrainLaunch) -> None:
@@ -169,7 +178,8 @@ def change_line(rec: dict[str, Any], old: Layout, new: Layout) -> str:
         f"llmctl: elastic: {rec['reason']}; layout {old.short()} -> {new.short()} on "
         f"{len(rec['hosts'])} node(s) ({hosts}), global batch {gbs}"
         f" kept (gradient accumulation {rec['old_grad_accumulation']} -> "
-        f"{rec['new_grad_accumulation']}); resuming from step {rec['from_step']}"
+        f"{rec['new_grad_accumulation']}); "
+        + (f"resuming from step {step}" if (step := rec["from_step"]) else "starting at step 1")
     )
 
 
@@ -238,6 +248,7 @@ class _Epoch:
     rcs: list[int | None]
     failed_at: float | None
     grown: bool
+    stop_at: float
     first_step_at: float | None
 
 
@@ -250,6 +261,7 @@ def _supervise(
     prober: _Prober | None,
     resumed_step: int | None,
     started_at: float,
+    on_first_step: Callable[[float], None] | None = None,
 ) -> _Epoch:
     """Run the nodes until they end, one fails, or (shrunk) a lost host answers again and a
     newer checkpoint is committed: then stop them (the ranks checkpoint and exit)."""
@@ -263,12 +275,15 @@ def _supervise(
     ]
     failed_at: float | None = None
     grown = False
+    stop_at = 0.0
     first: float | None = None
     try:
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
             if first is None and resumed_step is not None:
                 first = first_step_after(run_dir, resumed_step, started_at)
+                if first is not None and on_first_step is not None:
+                    on_first_step(first)
             if not grown and failed_at is None and any(p.poll() not in (None, 0) for p in procs):
                 failed_at = time.time()
             if failed_at is not None and time.time() - failed_at > FAILURE_GRACE_S:
@@ -276,7 +291,7 @@ def _supervise(
             if failed_at is None and not grown and prober is not None and prober.answered:
                 newest = store.read_latest(run_dir / "checkpoints") or 0
                 if first is not None and newest > (resumed_step or 0):
-                    grown = True
+                    grown, stop_at = True, time.time()
                     for p in procs:  # the node wrapper stops torchrun: ranks checkpoint, exit
                         if p.stdin is not None:
                             with contextlib.suppress(OSError):
@@ -286,18 +301,21 @@ def _supervise(
         _stop_nodes(procs)
         for t in copiers:
             t.join(timeout=5)
-    if first is None and resumed_step is not None:
-        first = first_step_after(run_dir, resumed_step, started_at)
-    return _Epoch([p.poll() for p in procs], failed_at, grown, first)
+    return _Epoch([p.poll() for p in procs], failed_at, grown, stop_at, first)
 
 
 def _lost_hosts(cfg: RootConfig, hosts: list[str], rcs: list[int | None]) -> list[str]:
     """Hosts whose session ended with ssh's 255, or that do not answer ssh now."""
     from llmctl.launch.torchrun import SSH_LOST
 
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        up = list(pool.map(lambda h: host_up(cfg, h, LOST_PROBE_S), hosts))
-    return [h for h, rc, ok in zip(hosts, rcs, up, strict=True) if rc == SSH_LOST or not ok]
+    asked = [h for h, rc in zip(hosts, rcs, strict=True) if rc != SSH_LOST]
+    up: dict[str, bool] = {}
+    if asked:
+        with ThreadPoolExecutor(max_workers=min(32, len(asked))) as pool:
+            up = dict(
+                zip(asked, pool.map(lambda h: host_up(cfg, h, LOST_PROBE_S), asked), strict=True)
+            )
+    return [h for h in hosts if not up.get(h, False)]
 
 
 def run_elastic(launch: TrainLaunch, *, echo: TextIO | None, started: Started) -> Outcome:
@@ -337,31 +355,40 @@ def run_elastic(launch: TrainLaunch, *, echo: TextIO | None, started: Started) -
         exits = RankExits()
         t0 = time.time()
         step0 = current.resume_point.step if current.resume_point is not None else None
+
+        def resumed(at: float, rec: dict[str, Any] | None = pending) -> None:
+            """The first step at the new layout: the change's seconds lost are known."""
+            if rec is not None:
+                rec.update(first_step_at=at, seconds_lost=round(at - rec["time"], 3))
+                append_event(run_dir, rec)
+                started({"layout_changes": changes})
+
         try:
             end = _supervise(
                 nodes, run_dir, echo, exits, prober=prober if lost_now else None,
                 resumed_step=step0 if pending is not None else None, started_at=t0,
+                on_first_step=resumed,
             )  # fmt: skip
         finally:
             prober.stop.set()
-        if pending is not None:
-            pending["first_step_at"] = end.first_step_at
-            if end.first_step_at is not None:
-                pending["seconds_lost"] = round(end.first_step_at - pending["time"], 3)
+        if pending is not None and end.first_step_at is None:  # no step at that layout
             append_event(run_dir, pending)
-            started({"layout_changes": changes})
-            pending = None
+        pending = None
         rcs = end.rcs
         if end.grown:
-            detected = time.time()
+            detected = end.stop_at
             back = [h for h in every if h in active or h.name in prober.answered]
             reason = f"host(s) {','.join(prober.answered)} answer again"
+            timings = {"ended_s": round(time.time() - end.stop_at, 3)}
         elif all(rc == 0 for rc in rcs):
             return Outcome(exit_code=0)
         else:
             detected = end.failed_at or time.time()
             first_rc = next((rc for rc in rcs if rc not in (None, 0)), 1) or 1
+            ended_at = time.time()
             gone = _lost_hosts(original, [h.name for h in active], rcs)
+            timings = {"ended_s": round(ended_at - detected, 3),
+                       "probe_s": round(time.time() - ended_at, 3)}  # fmt: skip
             if not gone:  # a failure of the run itself, not of a host
                 return Outcome(exit_code=exits.exit_code(first_rc), reason=exits.reason())
             back = [h for h in active if h.name not in gone]
@@ -375,8 +402,12 @@ def run_elastic(launch: TrainLaunch, *, echo: TextIO | None, started: Started) -
                 )
                 print(line, file=out, flush=True)
                 return Outcome(exit_code=1, reason=line.removeprefix("llmctl: "))
+        planned_at = time.time()
         try:
-            new = replan(run_dir, original, len(back))
+            new = replan(
+                run_dir, len(back), full_nodes=original.cluster.num_nodes,
+                full_dp=original.parallel.dp, force=bool(original.train.force),
+            )  # fmt: skip
         except UserError as e:
             line = (
                 f"llmctl: elastic: {reason}; cannot continue on {len(back)} node(s) "
@@ -389,8 +420,85 @@ def run_elastic(launch: TrainLaunch, *, echo: TextIO | None, started: Started) -
             current.layout, new, reason=reason, hosts=[h.name for h in back],
             lost=[h.name for h in every if h not in back], detected_at=detected,
         )  # fmt: skip
+        rec.update(timings, replan_s=round(time.time() - planned_at, 3))
         print(change_line(rec, current.layout, new.layout), file=out, flush=True)
         rec["relaunched_at"] = time.time()
         changes.append(rec)
         started({"layout_changes": changes})
         pending, current, active, epoch = rec, new, back, epoch + 1
+
+
+def replan_granted(run_dir: Path, nodes: int, out: TextIO | None = None) -> dict[str, Any] | None:
+    """SLURM: plan the run for the `nodes` the job was granted, before srun starts the ranks.
+
+    The run's size when submitted is kept in launch.json (`elastic_original`); a job granted
+    another node count gets the planner's layout for it, recorded as a layout change (its
+    `seconds_lost` stays null: the time the job waited in the queue is SLURM's). Returns the
+    change record, or None when the layout already fits the nodes granted.
+
+    Raises:
+        UserError: Fewer nodes than launcher.min_nodes, or no layout fits them.
+    """
+    from llmctl.config import load_resolved
+    from llmctl.launch.api import read_launch, write_launch
+    from llmctl.run import ckpt_store as store
+    from llmctl.run.layout import resolve_layout
+    from llmctl.run.rundir import CONFIG_FILE, read_plan
+
+    cfg = load_resolved(run_dir / CONFIG_FILE)
+    record = read_launch(run_dir)
+    first = record.setdefault(
+        "elastic_original", {"num_nodes": cfg.cluster.num_nodes, "dp": cfg.parallel.dp}
+    )
+    if nodes == cfg.cluster.num_nodes:
+        write_launch(run_dir, record)
+        return None
+    if nodes < cfg.launcher.min_nodes:
+        raise UserError(
+            f"elastic: the job was granted {nodes} node(s) but launcher.min_nodes="
+            f"{cfg.launcher.min_nodes}: missing {cfg.launcher.min_nodes - nodes} node(s)"
+        )
+    plan = read_plan(run_dir)
+    old = resolve_layout(cfg, None, plan.layout if plan is not None else None)
+    try:
+        new = replan(
+            run_dir, nodes, full_nodes=int(first["num_nodes"]), full_dp=first["dp"],
+            force=bool(cfg.train.force),
+            from_scratch=not store.committed_steps(run_dir / "checkpoints"),
+        )  # fmt: skip
+    except UserError as e:
+        raise UserError(f"elastic: cannot continue on {nodes} node(s): {e.message}") from None
+    commit_replan(new)
+    at = time.time()
+    rec = change_record(
+        old, new, reason=f"SLURM granted {nodes} of {first['num_nodes']} node(s)",
+        hosts=[os.environ.get("SLURM_JOB_NODELIST", "?")], lost=[], detected_at=at,
+    )  # fmt: skip
+    rec["relaunched_at"] = at
+    print(change_line(rec, old, new.layout), file=sys.stderr if out is None else out, flush=True)
+    append_event(run_dir, rec)
+    record.setdefault("layout_changes", []).append(rec)
+    write_launch(run_dir, record)
+    return rec
+
+
+USAGE = "usage: python -m llmctl.launch.elastic replan RUN_DIR NODES"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`replan RUN_DIR NODES` (the SLURM script, before srun): exit 2 with one line if the
+    nodes granted cannot hold the run."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "replan" or not args[2].isdigit():
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        replan_granted(Path(args[1]), int(args[2]))
+    except UserError as e:
+        print(f"llmctl: {e.message}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

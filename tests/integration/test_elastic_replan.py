@@ -38,10 +38,10 @@ from llmctl.run import ckpt_store as store
 pytestmark = [pytest.mark.netns, pytest.mark.multiproc, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 NETNS_SCRIPT = REPO / "scripts" / "netns_hosts.sh"
-ITERS = 30
+ITERS = 16
 KILL_AFTER_CKPT = 4
 RDZV_PORT = 29537  # not another multi-node test's
-REPLAN_BOUND_S = 90.0  # kill -> first step at the new layout (measured ~? s, see docs)
+REPLAN_BOUND_S = 120.0  # kill -> first step at DP1: 50 s measured on a loaded 2-core machine
 ENV = {
     "LLMCTL_NETNS_DIR": "/tmp/llmctl-netns-elastic",
     "LLMCTL_NETNS_PREFIX": "llmctl-el-",
@@ -155,6 +155,7 @@ def test_host_loss_replans_then_grows_back(
         "checkpoint.interval=2", "checkpoint.keep_last=20",
         f"launcher.hostfile={elastic_hosts / 'hostfile'}",
         f"launcher.ssh_options=[-F,{elastic_hosts / 'ssh_config'}]",
+        f"+launcher.env.PYTHONPATH={REPO}",  # the hosts run this checkout (ssh drops the env)
     ]  # fmt: skip
     out = tmp_path / "elastic.out"
     with _reaped(_start(argv, out), run) as proc:
