@@ -186,11 +186,12 @@ def change_line(rec: dict[str, Any], old: Layout, new: Layout) -> str:
 def append_event(run_dir: Path, rec: dict[str, Any]) -> None:
     """The change as one metrics.jsonl record, appended in one write (rank 0 appends too).
 
-    Its `step` is the step the new layout resumed from, so a later resume keeps it.
+    Its `step` is the step the new layout resumed from (0: from scratch), so the ranks'
+    metrics log (which moves records past the step it resumes from) keeps it.
     """
     from llmctl.run.rundir import METRICS_FILE
 
-    line = json.dumps({"event": EVENT, "step": rec["from_step"], **rec}) + "\n"
+    line = json.dumps({"event": EVENT, "step": rec["from_step"] or 0, **rec}) + "\n"
     try:
         fd = os.open(run_dir / METRICS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
