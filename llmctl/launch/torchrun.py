@@ -25,6 +25,9 @@ With `--max-restarts` > 0 a node lost mid-run (its ssh session ends with 255: a 
 brought back by running its rendered command again once the host answers ssh (`rejoin_node`);
 torchrun's agents re-form the group and the ranks resume from the newest complete checkpoint.
 
+With `launcher.elastic=true` the launcher restarts by re-planning instead (`launch.elastic`):
+a lost host shrinks the layout to the hosts left, a host that answers again grows it back.
+
 `TorchrunBackend` is this launcher's `launch.backend.Backend`.
 """
 

@@ -226,3 +226,37 @@ def test_host_loss_replans_then_grows_back(
     diffs = [abs(got[s] - want[s]) for s in shrunk]
     print(f"DP1 steps {s0 + 1}..{s1}: max |loss - reference| = {max(diffs):.3g}")
     assert all(got[s] == want[s] for s in shrunk), [(s, got[s], want[s]) for s in shrunk]
+
+
+def test_too_few_hosts_left_stop_in_one_line(
+    elastic_hosts: Path, toy_prefix: str, tmp_path: Path
+) -> None:
+    """`launcher.min_nodes=2`: losing h1 leaves too few hosts; the run stops, saying so."""
+    run = tmp_path / "elastic_min"
+    argv = [
+        sys.executable, "-m", "llmctl", "train", "recipe=tiny_cpu", "--dp", "2", "--nodes", "2",
+        f"train.train_iters={ITERS}", "train.eval_interval=0", "parallel.optimizer_sharding=none",
+        f"data.prefixes=[{toy_prefix}]", f"train.run_dir={run}", "launcher=torchrun",
+        "launcher.elastic=true", "launcher.min_nodes=2", f"launcher.rdzv_port={RDZV_PORT + 1}",
+        "checkpoint.interval=2", f"launcher.hostfile={elastic_hosts / 'hostfile'}",
+        f"launcher.ssh_options=[-F,{elastic_hosts / 'ssh_config'}]",
+        f"+launcher.env.PYTHONPATH={REPO}",
+    ]  # fmt: skip
+    out = tmp_path / "elastic_min.out"
+    config_before = None
+    with _reaped(_start(argv, out), run) as proc:
+        _wait("checkpoint", lambda: (store.read_latest(run / "checkpoints") or 0) >= 2, proc, 120)
+        config_before = (run / "config.yaml").read_text()
+        assert _crash_host(run, "h1") >= 3
+        rc = proc.wait(timeout=120)
+    line = (
+        "llmctl: elastic: host(s) h1 lost; 1 node(s) left (h0) but launcher.min_nodes=2: "
+        "missing 1 node(s); stopping"
+    )
+    text = out.read_text(errors="replace")
+    assert rc == 1, text[-3000:]
+    assert [ln for ln in text.splitlines() if ln.startswith("llmctl: elastic")] == [line]
+    record = json.loads((run / "launch.json").read_text())
+    assert record["exit_code"] == 1 and record["reason"] == line.removeprefix("llmctl: ")
+    assert record["layout_changes"] == []
+    assert (run / "config.yaml").read_text() == config_before  # nothing re-planned
