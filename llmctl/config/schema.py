@@ -309,6 +309,19 @@ class LauncherConfig:
     slurm_signal: str = doc("USR1@90", "Signal and lead time sent before the time limit.")
     slurm_requeue: bool = doc(True, "Requeue the job on preemption or node failure.")
     slurm_extra: list[str] = doc(factory=list, text="Extra #SBATCH lines, verbatim options.")
+    # Elastic re-plan (docs/launch.md, "Elastic re-plan"; llmctl/launch/elastic.py).
+    elastic: bool = doc(
+        False,
+        "torchrun: when a host is lost, re-plan on the hosts left and resume from the newest "
+        "checkpoint; grow back when it answers again. slurm: --nodes=MIN-MAX, planned for the "
+        "nodes granted.",
+    )
+    min_nodes: int = doc(1, "Elastic: fewest nodes the run continues on.")
+    elastic_batch: str = doc(
+        "keep_global",
+        "Elastic batch policy: keep_global (same global batch, more gradient accumulation).",
+    )
+    elastic_probe_s: float = doc(10.0, "Elastic: seconds between probes of a lost host.")
 
 
 @dataclass(kw_only=True)

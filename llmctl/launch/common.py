@@ -49,7 +49,10 @@ def check_launcher_values(cfg: RootConfig, *, port_spread: int = 0) -> None:
         UserError: `launcher.nproc_per_node` below 1, `launcher.max_restarts` below 0, or
             `launcher.rdzv_port` outside 1..65535 (with the backend's offset added).
     """
+    from llmctl.launch.elastic import check_elastic
+
     lc = cfg.launcher
+    check_elastic(cfg)
     if lc.nproc_per_node is not None and lc.nproc_per_node < 1:
         raise UserError(
             "launcher.nproc_per_node must be >= 1 or null (from the layout), "

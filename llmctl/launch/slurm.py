@@ -117,7 +117,7 @@ def _directives(cfg: RootConfig, run_dir: str | Path, nproc: int) -> list[str]:
     cpus = cfg.cluster.cpu_cores if cfg.cluster.cpu_cores else nproc
     lines = [
         f"--job-name={_value('launcher.slurm_job_name', lc.slurm_job_name or run_name(run_dir))}",
-        f"--nodes={cfg.cluster.num_nodes}",
+        f"--nodes={_nodes(cfg)}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={cpus}",
     ]
@@ -140,6 +140,13 @@ def _directives(cfg: RootConfig, run_dir: str | Path, nproc: int) -> list[str]:
             raise UserError(f"launcher.slurm_extra entry {extra!r} must be one --option")
         lines.append(str(extra))
     return [f"#SBATCH {line}" for line in lines]
+
+
+def _nodes(cfg: RootConfig) -> str:
+    """`--nodes`: the run's count, or `MIN-MAX` for an elastic run (launch.elastic)."""
+    n = cfg.cluster.num_nodes
+    lc = cfg.launcher
+    return f"{lc.min_nodes}-{n}" if lc.elastic and lc.min_nodes < n else str(n)
 
 
 def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: Layout | None = None) -> str:
@@ -191,6 +198,12 @@ def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: Layout | None = 
         lines += [
             f'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 {py} -m llmctl.topology.preflight '
             f"{q(str(run_dir))} || exit 2",
+        ]
+    if cfg.launcher.elastic:  # plan for the nodes granted (launch.elastic), before any rank
+        lines += [
+            "# Elastic: re-plan for the nodes granted; one line and exit 2 if none fits.",
+            f'{py} -m llmctl.launch.elastic replan {q(str(run_dir))} "$SLURM_JOB_NUM_NODES" '
+            f"|| {{ {py} -m {NODE_MODULE} record {q(str(run_dir))} 2; exit 2; }}",
         ]
     lines += _BODY.format(
         port=int(cfg.launcher.rdzv_port),

@@ -25,6 +25,9 @@ With `--max-restarts` > 0 a node lost mid-run (its ssh session ends with 255: a 
 brought back by running its rendered command again once the host answers ssh (`rejoin_node`);
 torchrun's agents re-form the group and the ranks resume from the newest complete checkpoint.
 
+With `launcher.elastic=true` the launcher restarts by re-planning instead (`launch.elastic`):
+a lost host shrinks the layout to the hosts left, a host that answers again grows it back.
+
 `TorchrunBackend` is this launcher's `launch.backend.Backend`.
 """
 
@@ -99,6 +102,8 @@ def render_torchrun_nodes(
     run_dir: str | Path,
     hosts: tuple[Host, ...],
     layout: Layout | None = None,
+    *,
+    rdzv_id: str | None = None,
 ) -> list[NodeCommand]:
     """Per-node torchrun commands and their ssh wrapping (pure).
 
@@ -107,6 +112,8 @@ def render_torchrun_nodes(
         run_dir: The run directory; it must be on a filesystem every node sees at this path.
         hosts: The parsed hostfile; the first `cluster.num_nodes` entries are used.
         layout: The resolved layout; None = the one the config alone implies.
+        rdzv_id: The rendezvous id; None = the run's name (the elastic launcher gives each
+            relaunch its own).
 
     Raises:
         UserError: Too few hosts, slots too small, or a world size the layout cannot hold.
@@ -137,7 +144,7 @@ def render_torchrun_nodes(
             f"--nproc-per-node={shape.nproc_per_node}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={run_name(run_dir)}",
+            f"--rdzv-id={rdzv_id or run_name(run_dir)}",
             f"--rdzv-conf=is_host={1 if rank == 0 else 0}",
             f"--local-addr={host.name}",
             f"--max-restarts={cfg.launcher.max_restarts}",
@@ -581,6 +588,10 @@ class TorchrunBackend:
         """Record the launch, then run every node to its end (`execute_torchrun`)."""
         from llmctl.launch.backend import Outcome
 
+        if launch.cfg.launcher.elastic:  # re-plans on the hosts left (launch.elastic)
+            from llmctl.launch.elastic import run_elastic
+
+            return run_elastic(launch, echo=echo, started=started)
         nodes = list(_nodes(launch))
         started({})
         exits = RankExits()
