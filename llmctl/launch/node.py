@@ -18,6 +18,9 @@ Two places:
   torchrun: the ranks checkpoint and exit) when standard input closes: the launcher closed it, or
   the launcher's ssh client died. sshd sends no signal to a command without a terminal, so
   without this a remote torchrun ran on after its launcher was killed.
+- Kubernetes (`--forward-signals`): the container's command. The kubelet sends SIGTERM to PID 1
+  only (this wrapper), so SIGTERM and SIGINT are passed on to torchrun, as under ssh, and
+  torchrun dies with the wrapper; standard input is not watched.
 
 `python -m llmctl.launch.node record RUN_DIR CODE` writes a SLURM job's exit code into the run's
 launch record (the batch script calls it once srun has returned).
@@ -39,12 +42,12 @@ from llmctl.launch.common import RankExits, tee
 from llmctl.launch.procs import TOKEN_ENV, end_processes, new_token
 
 USAGE = (
-    "usage: python -m llmctl.launch.node run [--watch-stdin] -- ARGV...\n"
+    "usage: python -m llmctl.launch.node run [--watch-stdin | --forward-signals] -- ARGV...\n"
     "       python -m llmctl.launch.node record RUN_DIR CODE"
 )
 
 
-def run_node(argv: list[str], *, watch_stdin: bool = False) -> int:
+def run_node(argv: list[str], *, watch_stdin: bool = False, forward: bool | None = None) -> int:
     """Run `argv` (srun, or one node's torchrun) to its end; return the code to exit with.
 
     Args:
@@ -52,20 +55,24 @@ def run_node(argv: list[str], *, watch_stdin: bool = False) -> int:
         watch_stdin: ssh: stop the run (SIGTERM to torchrun) when standard input closes, pass
             SIGTERM/SIGINT on, and let torchrun die with this process; else (srun) only note
             them.
+        forward: pass SIGTERM/SIGINT on to torchrun and let it die with this process, without
+            watching standard input (a Kubernetes pod: the kubelet signals PID 1 only); None =
+            as `watch_stdin`.
 
     Returns:
         A rank's reported non-zero code when one was reported, else torchrun's own code, or
         -N when torchrun was killed by signal N and no rank reported a code.
     """
+    forward = watch_stdin if forward is None else forward
     token = new_token()
-    proc = _spawn(argv, {**os.environ, TOKEN_ENV: token}, with_wrapper=watch_stdin)
+    proc = _spawn(argv, {**os.environ, TOKEN_ENV: token}, with_wrapper=forward)
     exits = RankExits()
     assert proc.stdout is not None
     copier = threading.Thread(target=tee, args=(proc.stdout, None, sys.stdout, exits), daemon=True)
     copier.start()
     if watch_stdin:
         threading.Thread(target=_stop_on_eof, args=(proc,), daemon=True).start()
-    old = _handle_signals(proc, forward=watch_stdin)
+    old = _handle_signals(proc, forward=forward)
     try:
         rc = proc.wait()
     finally:
@@ -150,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args[:1] == ["run"]:
         watch = "--watch-stdin" in args[1:2]
-        rest = args[2:] if watch else args[1:]
+        forward = "--forward-signals" in args[1:2]
+        rest = args[2:] if watch or forward else args[1:]
         if rest[:1] == ["--"] and len(rest) > 1:
-            return _exit(run_node(rest[1:], watch_stdin=watch))
+            return _exit(run_node(rest[1:], watch_stdin=watch, forward=watch or forward))
     print(USAGE, file=sys.stderr)
     return 2
 
