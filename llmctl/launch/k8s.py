@@ -67,7 +67,7 @@ RUN_LABEL = "llmctl.dev/run"
 """Label on every object and pod of a run (pod affinity and spread select on it)."""
 TRAINER_PORT = 29500  # Kubeflow Trainer's torch runtime: PET_MASTER_PORT, always
 NAME_MAX = 40  # `<name>-node-0-0` and JobSet's longer child names stay DNS labels
-TORCHRUN_SHUTDOWN_S = 30  # torchrun waits this long for SIGTERMed workers, then kills them
+EXIT_MARGIN_S = 30  # after the save: torchrun stops the other workers (it waits up to 30 s)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PYTHON = "python"  # the image's interpreter unless launcher.python names one
 _LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -129,7 +129,7 @@ class Grace:
         """One line: the formula with its numbers."""
         return (
             f"terminationGracePeriodSeconds={self.seconds}: max({floor_s}, ceil(step "
-            f"{self.step_s:.3g} s + save {self.save_s:.3g} s) + {TORCHRUN_SHUTDOWN_S} s); save = "
+            f"{self.step_s:.3g} s + save {self.save_s:.3g} s) + {EXIT_MARGIN_S} s); save = "
             f"{self.checkpoint_gib_per_pod:.3g} GiB per pod (weights + optimizer state of its "
             "ranks, planned) at launcher.k8s.checkpoint_write_gb_s"
         )
@@ -140,8 +140,10 @@ def grace_period(cfg: RootConfig, layout: Layout, nproc: int) -> Grace:
 
     From the planner's prediction for `layout`: the step time, and the checkpoint of a pod
     (weights + optimizer state per rank, times its ranks) written at
-    `launcher.k8s.checkpoint_write_gb_s`; plus torchrun's own 30 s shutdown wait, with
-    `launcher.k8s.min_grace_s` as the floor.
+    `launcher.k8s.checkpoint_write_gb_s`; plus EXIT_MARGIN_S for the exit (torchrun stops the
+    other workers once one has exited, waiting up to 30 s), with `launcher.k8s.min_grace_s` as
+    the floor. The pod's wrapper sends the kubelet's SIGTERM to the ranks themselves
+    (`launch.node --forward-signals`), so torchrun's 30 s limit does not cut the save short.
     """
     from llmctl.plan.search import evaluate
     from llmctl.run.planning import plan_input
@@ -153,9 +155,7 @@ def grace_period(cfg: RootConfig, layout: Layout, nproc: int) -> Grace:
         raise UserError(f"launcher.k8s.checkpoint_write_gb_s must be > 0, got {rate}")
     save_s = gib * 2**30 / (rate * 1e9)
     step_s = float(ev.time.total_s)
-    seconds = max(
-        int(cfg.launcher.k8s.min_grace_s), math.ceil(step_s + save_s) + TORCHRUN_SHUTDOWN_S
-    )
+    seconds = max(int(cfg.launcher.k8s.min_grace_s), math.ceil(step_s + save_s) + EXIT_MARGIN_S)
     return Grace(seconds=seconds, step_s=step_s, save_s=save_s, checkpoint_gib_per_pod=gib)
 
 
@@ -522,7 +522,8 @@ def _job_spec(parts: PodParts, pod_spec: dict[str, Any], *, counts: bool) -> dic
         spec.update(parallelism=n, completions=n, completionMode="Indexed")
     spec["backoffLimit"] = 0
     spec["podFailurePolicy"] = {"rules": [
-        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]}  # fmt: skip
+        {"action": "FailJob",
+         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}  # fmt: skip
     spec["template"] = {"metadata": parts.template_metadata(), "spec": pod_spec}
     return spec
 

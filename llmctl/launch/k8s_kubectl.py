@@ -145,7 +145,8 @@ def job_status(run_dir: Path, record: dict[str, Any]) -> RunStatus:
     if proc.returncode != 0 and "NotFound" not in proc.stderr:
         raise UserError(f"kubectl get {job['resource']} {job['name']} failed: {_last_line(proc)}")
     obj: dict[str, Any] = {}
-    state, reason = "GONE", "the server has no such object (deleted?)"
+    state: str = "GONE"
+    reason: str | None = "the server has no such object (deleted?)"
     if proc.returncode == 0:
         obj = json.loads(proc.stdout)
         state, reason = state_of(obj)
