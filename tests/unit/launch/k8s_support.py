@@ -34,9 +34,9 @@ def _strip(node: Any) -> Any:
     if isinstance(node, dict):
         out = {k: _strip(v) for k, v in node.items() if not str(k).startswith("x-kubernetes-")}
         props = out.get("properties")
-        if isinstance(props, dict) and props and "additionalProperties" not in out:
-            if not node.get("x-kubernetes-preserve-unknown-fields"):
-                out["additionalProperties"] = False
+        closed = "additionalProperties" in out or node.get("x-kubernetes-preserve-unknown-fields")
+        if isinstance(props, dict) and props and not closed:
+            out["additionalProperties"] = False
         return out
     if isinstance(node, list):
         return [_strip(v) for v in node]
@@ -98,8 +98,12 @@ def trainjob_pod(job: dict[str, Any], runtime: dict[str, Any] | None) -> dict[st
         {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
         {"name": "PET_MASTER_PORT", "value": "29500"},
     ]  # fmt: skip
-    container.update(image=trainer["image"], command=trainer["command"],
-                     env=[*trainer["env"], *pet], resources=trainer["resourcesPerNode"])  # fmt: skip
+    container.update(
+        image=trainer["image"],
+        command=trainer["command"],
+        env=[*trainer["env"], *pet],
+        resources=trainer["resourcesPerNode"],
+    )
     meta = {"name": f"{name}-node-0-0", "namespace": job["metadata"]["namespace"],
             **template.get("metadata", {})}  # fmt: skip
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}

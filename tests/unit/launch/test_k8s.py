@@ -113,12 +113,14 @@ def test_every_object_validates_against_crds_and_core_schemas(plan: str, api: st
     manifest, launch = _render(plan, api)
     objects = _objects(manifest)
     checked = validate_all(objects)
-    want = {"trainjob": {"TrainingRuntime@trainer-v2.2.1", "TrainingRuntime@trainer-v2.3.0",
-                         "TrainJob@trainer-v2.2.1", "TrainJob@trainer-v2.3.0", "Job@k8s-1.33",
-                         "Pod@k8s-1.33"},
-            "jobset": {"JobSet@jobset-v0.12.0", "Job@k8s-1.33"},
-            "pytorchjob": {"PyTorchJob@training-operator-v1.9.0",
-                           "PyTorchJob@training-operator-v1.9.4", "PodTemplate@k8s-1.33"}}  # fmt: skip
+    want = {
+        "trainjob": {"TrainingRuntime@trainer-v2.2.1", "TrainingRuntime@trainer-v2.3.0",
+                     "TrainJob@trainer-v2.2.1", "TrainJob@trainer-v2.3.0", "Job@k8s-1.33",
+                     "Pod@k8s-1.33"},
+        "jobset": {"JobSet@jobset-v0.12.0", "Job@k8s-1.33"},
+        "pytorchjob": {"PyTorchJob@training-operator-v1.9.0",
+                       "PyTorchJob@training-operator-v1.9.4", "PodTemplate@k8s-1.33"},
+    }  # fmt: skip
     assert set(checked) == want[api]
     nodes = launch.cfg.cluster.num_nodes
     for template in _pod_templates(objects):
@@ -146,8 +148,14 @@ def test_trainjob_with_cluster_runtime_patches_validate_on_v2_3_only() -> None:
         validate_crd(objects[0], "trainer-v2.2.1")
 
 
-GOLDENS = [("cpu_2nodes", "trainjob"), ("cpu_2nodes", "jobset"), ("cpu_2nodes", "pytorchjob"),
-           ("h100_2nodes", "jobset"), ("nvl72_tp8", "trainjob"), ("preemptible", "jobset")]  # fmt: skip
+GOLDENS = [
+    ("cpu_2nodes", "trainjob"),
+    ("cpu_2nodes", "jobset"),
+    ("cpu_2nodes", "pytorchjob"),
+    ("h100_2nodes", "jobset"),
+    ("nvl72_tp8", "trainjob"),
+    ("preemptible", "jobset"),
+]
 
 
 @pytest.mark.parametrize(("plan", "api"), GOLDENS)
@@ -252,7 +260,7 @@ def test_tp_inside_a_node_needs_no_affinity_and_dp_spreads() -> None:
 
 def test_gpus_rdma_nccl_and_secrets_by_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "wandb-v4lue-never-written")
-    manifest, launch = _render("h100_2nodes", "jobset")
+    manifest, _ = _render("h100_2nodes", "jobset")
     assert "wandb-v4lue-never-written" not in manifest.text
     (template,) = _pod_templates(_objects(manifest))
     (c,) = template["spec"]["containers"]
@@ -269,7 +277,7 @@ def test_gpus_rdma_nccl_and_secrets_by_reference(monkeypatch: pytest.MonkeyPatch
 
 
 def test_secrets_need_a_secret_name() -> None:
-    with pytest.raises(UserError, match="launcher.k8s.secret_name"):
+    with pytest.raises(UserError, match=r"launcher\.k8s\.secret_name"):
         _render("h100_2nodes", "jobset", secret_name=None)
 
 
@@ -296,7 +304,7 @@ def test_names_from_odd_run_dirs_are_sanitized_and_quoted() -> None:
     assert len(long_a) <= 40 and long_a != long_b
     for name in (long_a, long_b, "my-run-2026-x"):
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)
-    odd = "/runs/it's a: \"run\" #1"
+    odd = '/runs/it\'s a: "run" #1'
     cfg.train.run_dir = odd
     manifest = render_manifest(cfg, Path(odd), _launch("cpu_1node").layout)
     objects = _objects(manifest)
