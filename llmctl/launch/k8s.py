@@ -28,7 +28,7 @@ has one). `terminationGracePeriodSeconds` covers the planned checkpoint save (`g
 
 Placement (`plan_placement`): pods of one TP (or EP) group share an NVLink domain (the node
 label `launcher.k8s.nvlink_label`, e.g. GB200's `nvidia.com/gpu.clique`) and pods spread one
-per node. `K8sBackend` is this launcher's `launch.backend.Backend`; kubectl calls are in
+per node. `KubernetesBackend` is this launcher's `launch.backend.Backend`; kubectl calls are in
 `launch.k8s_kubectl`.
 """
 
@@ -720,7 +720,7 @@ def render_manifest(
     )
 
 
-class K8sBackend:
+class KubernetesBackend:
     """`launcher=kubernetes`: kubectl creates the objects; `llmctl train` returns."""
 
     holds_lock = False  # rank 0 of the job takes the lock
@@ -778,5 +778,5 @@ def _manifest(launch: TrainLaunch) -> K8sManifest:
 
 
 if TYPE_CHECKING:  # mypy checks that the class implements the launcher protocol
-    _PROTOCOL: type[Backend] = K8sBackend
+    _PROTOCOL: type[Backend] = KubernetesBackend
     _CFG: type[K8sConfig]

@@ -150,4 +150,3 @@ def validate_all(objects: list[dict[str, Any]]) -> list[str]:
         validate_core(core)
         checked.append(f"{core['kind']}@k8s-{CORE_VERSION}")
     return checked
-

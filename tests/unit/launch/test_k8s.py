@@ -342,3 +342,26 @@ def test_dry_run_prints_the_yaml_byte_for_byte() -> None:
     assert res.output[start:end] == manifest.text
     placement = res.output[res.output.index("# --- kubernetes placement ---\n") :]
     assert "terminationGracePeriodSeconds=60" in placement.split("# --- kubernetes obj")[0]
+
+
+def test_kubernetes_dry_run_loads_no_torch(tmp_path: Path) -> None:
+    """Rendering (planner call included) stays on the torch-free side, as for other launchers."""
+    import subprocess
+    import sys
+    import textwrap
+
+    argv = ["llmctl", "train", "recipe=tiny_cpu", *BASE, "--dry-run"]
+    code = textwrap.dedent(f"""
+        import sys
+        sys.argv = {argv!r}
+        from llmctl.cli.main import main
+        try:
+            main()
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+        heavy = {{m.split(".")[0] for m in sys.modules}} & {{"torch", "megatron", "jobset"}}
+        print("HEAVY=" + ",".join(sorted(heavy)))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, check=True)  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY="
