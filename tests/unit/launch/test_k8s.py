@@ -365,3 +365,16 @@ def test_kubernetes_dry_run_loads_no_torch(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, check=True)  # fmt: skip
     assert out.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_docs_example_is_the_real_output() -> None:
+    """docs/launch.md's Kubernetes example is what `--dry-run` prints today."""
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "launch.md").read_text()
+    block = docs.split("Example: Llama 3 8B, TP8 on four GB200", 1)[1].split("```\n", 2)[1]
+    command, shown = block.split("\ndry run:", 1)
+    argv = command.replace("\\\n", " ").split()[2:]  # after "$ llmctl"
+    argv = [a.strip("'") for a in argv]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    printed = res.output[: res.output.index("# --- resolved config ---\n")]
+    assert "dry run:" + shown == printed
