@@ -7,7 +7,8 @@ One pod per node; every pod runs the rank entry point under torchrun, as the oth
     python -m llmctl.launch.node run --forward-signals -- \\
       python -m torch.distributed.run --nnodes=$(PET_NNODES) ... -m llmctl.train.entry RUN_DIR
 
-The kubelet expands `$(VAR)` in a container's command from the container's environment. The
+The kubelet expands `$(VAR)` in a container's command from the container's environment (every
+other `$` of a rendered value is doubled, so paths and `launcher.env` values stay verbatim). The
 PET_* variables come from the controller: Kubeflow Trainer's torch runtime injects PET_NNODES,
 PET_NPROC_PER_NODE, PET_NODE_RANK (the Job completion index), PET_MASTER_ADDR
 (`<job>-node-0-0.<job>`, the headless-service name of node 0) and PET_MASTER_PORT (29500);
@@ -54,7 +55,7 @@ from llmctl.launch.common import (
 )
 
 if TYPE_CHECKING:
-    from llmctl.config.schema import K8sConfig, RootConfig
+    from llmctl.config.schema import RootConfig
     from llmctl.launch.backend import Backend, Outcome, Started, TrainLaunch
     from llmctl.launch.common import Shape
     from llmctl.launch.jobs import RunStatus
@@ -248,6 +249,12 @@ def plan_placement(cfg: RootConfig, layout: Layout, shape: Shape, name: str) -> 
     )
 
 
+def literal(text: str) -> str:
+    """`text` as a command argument or env value the kubelet leaves as it is: it expands
+    `$(VAR)` and reduces `$$` to `$`, so every `$` is doubled (pure)."""
+    return text.replace("$", "$$")
+
+
 def _master(api: str) -> tuple[str, str]:
     """The env variables holding the rendezvous host and port in a pod of `api`."""
     if api == "pytorchjob":
@@ -274,7 +281,7 @@ def container_command(cfg: RootConfig, run_dir: str | Path, api: str) -> list[st
         f"--master-addr=$({addr})",
         f"--master-port=$({port})",
         f"--max-restarts={int(cfg.launcher.max_restarts)}",
-        *entry_args(run_dir),
+        *(literal(a) for a in entry_args(run_dir)),
     ]
 
 
@@ -297,7 +304,7 @@ def pod_env(cfg: RootConfig, shape: Shape) -> list[dict[str, Any]]:
     reserved = sorted(n for n in env if n.startswith("PET_"))
     if reserved:
         raise UserError(f"launcher.env: {reserved[0]} is set by the Kubernetes controller")
-    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
+    out: list[dict[str, Any]] = [{"name": k, "value": literal(v)} for k, v in env.items()]
     secrets = [str(s) for s in cfg.launcher.secrets]
     if secrets and not k8s.secret_name:
         raise UserError(
@@ -779,4 +786,3 @@ def _manifest(launch: TrainLaunch) -> K8sManifest:
 
 if TYPE_CHECKING:  # mypy checks that the class implements the launcher protocol
     _PROTOCOL: type[Backend] = KubernetesBackend
-    _CFG: type[K8sConfig]

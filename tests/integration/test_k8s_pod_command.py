@@ -42,29 +42,14 @@ from run_procs import (
     new_mark,
 )
 
+sys.path.insert(0, str(REPO / "tests" / "unit" / "launch"))
+from k8s_support import kubelet_expand
+
 from llmctl.launch.api import prepare_train
 from llmctl.run import ckpt_store as store
 from llmctl.run.rundir import create_run_dir
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-
-
-def kubelet_expand(text: str, env: dict[str, str]) -> str:
-    """The kubelet's `$(VAR)` expansion of a command argument: a defined variable is replaced,
-    an undefined reference is left as it is, `$$` is one `$` (Kubernetes API, Container)."""
-    out, i = [], 0
-    while i < len(text):
-        if text.startswith("$$", i):
-            out.append("$")
-            i += 2
-        elif text.startswith("$(", i) and (end := text.find(")", i)) > 0:
-            name = text[i + 2 : end]
-            out.append(env.get(name, text[i : end + 1]))
-            i = end + 1
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
 
 
 def _free_port() -> int:
@@ -86,13 +71,14 @@ def _pods(trainjob: dict[str, Any], tmp: Path, mark: str) -> list[tuple[list[str
             "PYTHONPATH": str(REPO),  # the image has llmctl installed
             "LLMCTL_WANDB": "off",
             MARK_ENV: mark,
-            **{e["name"]: e["value"] for e in trainer["env"]},
             "PET_NNODES": str(trainer["numNodes"]),
             "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
             "PET_NODE_RANK": str(rank),
             "PET_MASTER_ADDR": "127.0.0.1",
             "PET_MASTER_PORT": port,
         }
+        for e in trainer["env"]:  # the kubelet expands env values too, in order
+            env[e["name"]] = kubelet_expand(e["value"], env)
         pods.append(([kubelet_expand(a, env) for a in trainer["command"]], env))
     return pods
 

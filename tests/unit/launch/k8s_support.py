@@ -150,3 +150,21 @@ def validate_all(objects: list[dict[str, Any]]) -> list[str]:
         validate_core(core)
         checked.append(f"{core['kind']}@k8s-{CORE_VERSION}")
     return checked
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's `$(VAR)` expansion of a command argument: a defined variable is replaced,
+    an undefined reference is left as it is, `$$` is one `$` (Kubernetes API, Container)."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and (end := text.find(")", i)) > 0:
+            name = text[i + 2 : end]
+            out.append(env.get(name, text[i : end + 1]))
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)

@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from k8s_support import validate_all, validate_core, validate_crd
+from k8s_support import kubelet_expand, validate_all, validate_core, validate_crd
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -378,3 +378,19 @@ def test_docs_example_is_the_real_output() -> None:
     assert res.exit_code == 0, res.output
     printed = res.output[: res.output.index("# --- resolved config ---\n")]
     assert "dry run:" + shown == printed
+
+
+def test_dollar_signs_reach_the_pod_verbatim() -> None:
+    """The kubelet expands `$(VAR)` and `$$` in commands and env values: a run directory or a
+    launcher.env value holding them arrives unchanged, while llmctl's $(PET_*) expand."""
+    cfg = copy.deepcopy(_launch("cpu_1node").cfg)
+    odd = "/runs/cost$(HOME)$$x"
+    cfg.train.run_dir = odd
+    cfg.launcher.env = {"LLMCTL_NOTE": "a$(HOME)b$$c"}
+    manifest = render_manifest(cfg, Path(odd), _launch("cpu_1node").layout)
+    trainer = _objects(manifest)[-1]["spec"]["trainer"]
+    pod_env = {"HOME": "/root", "PET_NNODES": "1", "PET_NODE_RANK": "0"}
+    argv = [kubelet_expand(a, pod_env) for a in trainer["command"]]
+    assert argv[-1] == odd and "--nnodes=1" in argv and "--node-rank=0" in argv
+    (note,) = [e["value"] for e in trainer["env"] if e["name"] == "LLMCTL_NOTE"]
+    assert kubelet_expand(note, pod_env) == "a$(HOME)b$$c"
