@@ -127,12 +127,16 @@ def dry_run_text(launch: TrainLaunch) -> str:
     return "\n".join(lines) + "\n"
 
 
+_SUBMITTED = {"kubernetes": "Kubernetes job"}  # else a SLURM job
+
+
 def print_result(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     elif "job_id" in result:
         typer.echo(
-            f"submitted SLURM job {result['job_id']}; run dir {result['run_dir']}\n"
+            f"submitted {_SUBMITTED.get(result['kind'], 'SLURM job')} {result['job_id']}; "
+            f"run dir {result['run_dir']}\n"
             f"follow: llmctl logs {result['run_dir']} --follow   status: llmctl status "
             f"{result['run_dir']}"
         )

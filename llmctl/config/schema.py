@@ -69,6 +69,7 @@ class LauncherKind(StrEnum):
     local = "local"
     torchrun = "torchrun"
     slurm = "slurm"
+    kubernetes = "kubernetes"
 
 
 @dataclass(kw_only=True)
@@ -286,11 +287,83 @@ class DataConfig:
     )
 
 
+class K8sApi(StrEnum):
+    """The Kubernetes object `launcher=kubernetes` renders."""
+
+    trainjob = "trainjob"
+    jobset = "jobset"
+    pytorchjob = "pytorchjob"
+
+
+@dataclass(kw_only=True)
+class K8sConfig:
+    """`launcher=kubernetes`: the job's object, image, volumes and placement (launch/k8s.py)."""
+
+    image: str | None = doc(
+        None, "Container image with llmctl and its training extras (required; no default)."
+    )
+    namespace: str = doc("default", "Namespace of the rendered objects.")
+    api: K8sApi = doc(
+        K8sApi.trainjob,
+        "trainjob (Kubeflow Trainer v2.2-v2.3), jobset (JobSet v1alpha2) or pytorchjob "
+        "(Kubeflow training-operator v1.9).",
+    )
+    job_name: str | None = doc(
+        None, "Object name (RFC 1123 label, at most 40 chars); None = from the run directory."
+    )
+    runtime_ref: str | None = doc(
+        None,
+        "TrainJob: a ClusterTrainingRuntime to use (restarts are then its own); None = render a "
+        "TrainingRuntime of the job's own with llmctl's restart policy.",
+    )
+    gpu_resource: str = doc("nvidia.com/gpu", "Extended resource name of one GPU.")
+    rdma_resource: str | None = doc(
+        None, "Extended resource of the RDMA/IB devices (e.g. rdma/ib); None = no RDMA."
+    )
+    rdma_per_node: int = doc(1, "How many `rdma_resource` each pod asks for.")
+    nccl_ib_hca: str | None = doc(None, "NCCL_IB_HCA for the pods (e.g. mlx5); None = NCCL's.")
+    shm_size: str = doc("16Gi", "Size limit of the /dev/shm memory volume (quantity).")
+    nvlink_label: str = doc(
+        "nvidia.com/gpu.clique",
+        "Node label naming a node's NVLink domain (GB200 NVL72: GPU feature discovery's clique).",
+    )
+    node_selector: dict[str, str] = doc(factory=dict, text="nodeSelector of every pod.")
+    kueue_queue: str | None = doc(None, "Kueue LocalQueue (kueue.x-k8s.io/queue-name label).")
+    kueue_topology: str | None = doc(
+        None, "Kueue TAS: node label level the whole job should share (e.g. a block label)."
+    )
+    kueue_topology_required: bool = doc(
+        False, "Kueue TAS: the job-level topology is required (else preferred)."
+    )
+    service_account: str | None = doc(None, "serviceAccountName of the pods.")
+    secret_name: str | None = doc(
+        None, "Secret whose keys named by launcher.secrets become env (secretKeyRef, no values)."
+    )
+    env_from_secrets: list[str] = doc(
+        factory=list, text="Secrets whose every key becomes env (envFrom secretRef)."
+    )
+    pvc: str | None = doc(
+        None, "PersistentVolumeClaim holding the run directory and checkpoints (required)."
+    )
+    pvc_mount: str = doc(
+        "/runs", "Where the pods mount `pvc`; train.run_dir must lie under it (same path here)."
+    )
+    max_restarts: int = doc(
+        3, "Whole-job restarts after a failure (JobSet failurePolicy); each resumes."
+    )
+    min_grace_s: int = doc(60, "Floor of terminationGracePeriodSeconds.")
+    checkpoint_write_gb_s: float = doc(
+        1.0, "Assumed checkpoint write bandwidth per pod, GB/s (for the grace period)."
+    )
+
+
 @dataclass(kw_only=True)
 class LauncherConfig:
     """How processes are started: local torchrun, torchrun over ssh, or SLURM."""
 
-    kind: LauncherKind = doc(LauncherKind.local, "local, torchrun (multi-node over ssh) or slurm.")
+    kind: LauncherKind = doc(
+        LauncherKind.local, "local, torchrun (multi-node over ssh), slurm or kubernetes."
+    )
     nproc_per_node: int | None = doc(None, "Processes per node; None = from the layout.")
     hostfile: str | None = doc(None, "Hostfile for the torchrun launcher (one host per line).")
     rdzv_port: int = doc(29500, "Rendezvous TCP port.")
@@ -322,6 +395,7 @@ class LauncherConfig:
         "Elastic batch policy: keep_global (same global batch, more gradient accumulation).",
     )
     elastic_probe_s: float = doc(10.0, "Elastic: seconds between probes of a lost host.")
+    k8s: K8sConfig = doc(factory=K8sConfig, text="launcher=kubernetes settings.")
 
 
 @dataclass(kw_only=True)

@@ -31,6 +31,7 @@ BACKENDS: dict[str, str] = {
     "local": "llmctl.launch.local:LocalBackend",
     "torchrun": "llmctl.launch.torchrun:TorchrunBackend",
     "slurm": "llmctl.launch.slurm:SlurmBackend",
+    "kubernetes": "llmctl.launch.k8s:KubernetesBackend",
 }
 """`launcher.kind` -> "module:class" of its backend (registration: one line per backend)."""
 

@@ -18,6 +18,10 @@ Two places:
   torchrun: the ranks checkpoint and exit) when standard input closes: the launcher closed it, or
   the launcher's ssh client died. sshd sends no signal to a command without a terminal, so
   without this a remote torchrun ran on after its launcher was killed.
+- Kubernetes (`--forward-signals`): the container's command. The kubelet sends SIGTERM to PID 1
+  only (this wrapper). SIGTERM goes to torchrun's workers themselves (torchrun would give them
+  only 30 s before killing them, whatever the grace period), SIGINT to torchrun; torchrun dies
+  with the wrapper; standard input is not watched.
 
 `python -m llmctl.launch.node record RUN_DIR CODE` writes a SLURM job's exit code into the run's
 launch record (the batch script calls it once srun has returned).
@@ -39,12 +43,18 @@ from llmctl.launch.common import RankExits, tee
 from llmctl.launch.procs import TOKEN_ENV, end_processes, new_token
 
 USAGE = (
-    "usage: python -m llmctl.launch.node run [--watch-stdin] -- ARGV...\n"
+    "usage: python -m llmctl.launch.node run [--watch-stdin | --forward-signals] -- ARGV...\n"
     "       python -m llmctl.launch.node record RUN_DIR CODE"
 )
 
 
-def run_node(argv: list[str], *, watch_stdin: bool = False) -> int:
+def run_node(
+    argv: list[str],
+    *,
+    watch_stdin: bool = False,
+    forward: bool | None = None,
+    to_ranks: bool = False,
+) -> int:
     """Run `argv` (srun, or one node's torchrun) to its end; return the code to exit with.
 
     Args:
@@ -52,20 +62,27 @@ def run_node(argv: list[str], *, watch_stdin: bool = False) -> int:
         watch_stdin: ssh: stop the run (SIGTERM to torchrun) when standard input closes, pass
             SIGTERM/SIGINT on, and let torchrun die with this process; else (srun) only note
             them.
+        forward: pass SIGTERM/SIGINT on to torchrun and let it die with this process, without
+            watching standard input (a Kubernetes pod: the kubelet signals PID 1 only); None =
+            as `watch_stdin`.
+        to_ranks: with `forward`, SIGTERM goes to torchrun's workers (the ranks) instead of
+            torchrun, which would kill them 30 s later whatever their save needs; the ranks
+            checkpoint within the pod's grace period, exit 143, and torchrun ends with them.
 
     Returns:
         A rank's reported non-zero code when one was reported, else torchrun's own code, or
         -N when torchrun was killed by signal N and no rank reported a code.
     """
+    forward = watch_stdin if forward is None else forward
     token = new_token()
-    proc = _spawn(argv, {**os.environ, TOKEN_ENV: token}, with_wrapper=watch_stdin)
+    proc = _spawn(argv, {**os.environ, TOKEN_ENV: token}, with_wrapper=forward)
     exits = RankExits()
     assert proc.stdout is not None
     copier = threading.Thread(target=tee, args=(proc.stdout, None, sys.stdout, exits), daemon=True)
     copier.start()
     if watch_stdin:
         threading.Thread(target=_stop_on_eof, args=(proc,), daemon=True).start()
-    old = _handle_signals(proc, forward=watch_stdin)
+    old = _handle_signals(proc, forward=forward, to_ranks=to_ranks)
     try:
         rc = proc.wait()
     finally:
@@ -93,16 +110,30 @@ def _spawn(argv: list[str], env: dict[str, str], *, with_wrapper: bool) -> subpr
     )
 
 
-def _handle_signals(proc: subprocess.Popen[bytes], *, forward: bool) -> dict[int, Any]:
-    """Note (srun) or pass on (ssh) SIGTERM/SIGINT/SIGUSR1; returns the old handlers."""
+def _handle_signals(
+    proc: subprocess.Popen[bytes], *, forward: bool, to_ranks: bool = False
+) -> dict[int, Any]:
+    """Note (srun) or pass on (ssh, pods) SIGTERM/SIGINT/SIGUSR1; returns the old handlers."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         del frame
-        if forward and signum != signal.SIGUSR1:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signum)
+        if not forward or signum == signal.SIGUSR1:
+            return
+        ranks = _children(proc.pid) if to_ranks and signum == signal.SIGTERM else []
+        for pid in ranks or [proc.pid]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
     return {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid` (torchrun's workers), from /proc; [] when unknown."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
 
 
 def _stop_on_eof(proc: subprocess.Popen[bytes]) -> None:
@@ -150,9 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args[:1] == ["run"]:
         watch = "--watch-stdin" in args[1:2]
-        rest = args[2:] if watch else args[1:]
+        forward = "--forward-signals" in args[1:2]
+        rest = args[2:] if watch or forward else args[1:]
         if rest[:1] == ["--"] and len(rest) > 1:
-            return _exit(run_node(rest[1:], watch_stdin=watch))
+            return _exit(
+                run_node(rest[1:], watch_stdin=watch, forward=watch or forward, to_ranks=forward)
+            )
     print(USAGE, file=sys.stderr)
     return 2
 

@@ -30,7 +30,9 @@ def test_every_launcher_kind_has_a_backend_and_only_those() -> None:
 def test_an_unknown_kind_names_the_registered_ones() -> None:
     with pytest.raises(UserError) as refused:
         backend_for("k8s")
-    assert refused.value.message == "unknown launcher.kind 'k8s': use local, torchrun or slurm"
+    assert refused.value.message == (
+        "unknown launcher.kind 'k8s': use local, torchrun, slurm or kubernetes"
+    )
 
 
 def test_resolving_the_launch_config_leaves_the_composed_one_as_it_is(tmp_path: Path) -> None:
