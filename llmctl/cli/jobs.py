@@ -1,4 +1,4 @@
-"""`llmctl status RUN_DIR|JOBID` and `llmctl logs RUN_DIR [--follow]`."""
+"""`llmctl status RUN_DIR|JOBID`, `llmctl logs RUN_DIR [--follow]`, `llmctl cancel RUN_DIR`."""
 
 from __future__ import annotations
 
@@ -67,3 +67,32 @@ def logs(
     final = follow_logs(run_dir, write, follow=follow)
     if final is not None:
         typer.echo(f"-- {final.kind} run {state_text(final)}", err=True)
+
+
+_ENDED = ("COMPLETED", "FAILED", "EXITED", "GONE", "CANCELLED", "TIMEOUT")
+
+
+def cancel(
+    run_dir: Annotated[str, typer.Argument(help="Run directory.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop a run through its launcher: the ranks get SIGTERM, save a checkpoint and exit."""
+    from llmctl.launch.jobs import cancel_run, run_status
+
+    before = run_status(run_dir)
+    ended = before.state in _ENDED
+    if not ended:
+        cancel_run(run_dir)
+    if as_json:
+        typer.echo(json.dumps({"run_dir": str(Path(run_dir)), "kind": before.kind,
+                               "state_before": before.state, "cancelled": not ended}))  # fmt: skip
+        return
+    if ended:
+        Console().print(f"{before.kind} run {run_dir} is not running ({state_text(before)}); "
+                        "nothing to stop", highlight=False)  # fmt: skip
+        return
+    Console().print(
+        f"{before.kind} run {run_dir}: stop requested (was {state_text(before)}); the ranks "
+        f"save a checkpoint and exit; `llmctl resume {run_dir}` continues it",
+        highlight=False,
+    )

@@ -27,6 +27,8 @@ COMMANDS: tuple[LazyCommand, ...] = (
        "Where a run stands: SLURM state (scontrol), last step and loss from metrics.jsonl."),
     _L("logs", "llmctl.cli.jobs", "logs",
        "Print a run's console output (SLURM output file or the launcher's copy)."),
+    _L("cancel", "llmctl.cli.jobs", "cancel",
+       "Stop a run through its launcher: the ranks save a checkpoint and exit."),
     _L("quantize", "llmctl.cli.quant", "quantize",
        "Quantize to a compressed-tensors model (transformers and vLLM load it) and report."),
     _L("checkpoints", "llmctl.cli.checkpoints", "checkpoints",

@@ -154,3 +154,31 @@ def test_killed_launcher_takes_its_ranks_with_it(corpus: Path, tmp_path: Path) -
     stopped_at = max(losses(run_dir))
     assert store.read_latest(run_dir / "checkpoints") == stopped_at, ended_s
     assert run_status(str(run_dir)).state == "EXITED"  # no exit code, and nothing runs
+
+
+def test_llmctl_cancel_stops_a_local_run_with_a_checkpoint(corpus: Path, tmp_path: Path) -> None:
+    """`llmctl cancel RUN`: the launcher's ranks save the current step and the run ends 143;
+    a second cancel says there is nothing to stop."""
+    import subprocess
+    import sys
+
+    run_dir, mark, log = tmp_path / "run", new_mark(), tmp_path / "cli.log"
+    proc = start_cli(_train_args(run_dir, corpus, 400, "checkpoint.interval=50"), mark, log)
+    cli = [sys.executable, "-m", "llmctl", "cancel", str(run_dir)]
+    try:
+        wait_until(lambda: len(losses(run_dir)) >= 3, 180, "3 steps")
+        out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "stop requested (was RUNNING)" in out.stdout, out.stdout
+        rc = _wait_rc(proc, 120, mark)
+        assert_no_process_left(mark, 10)
+    finally:
+        kill_marked(mark)
+    assert rc == 143, log.read_text()[-3000:]
+    saved = store.read_latest(run_dir / "checkpoints")
+    assert saved == max(losses(run_dir)) and saved < 50  # the stop's own save, not the interval's
+    again = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert "is not running (FAILED (exit code 143)); nothing to stop" in " ".join(
+        again.stdout.split()
+    ), again.stdout
