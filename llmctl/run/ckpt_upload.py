@@ -280,3 +280,65 @@ def fetch_newest(
         got = Fetched(step, local, "downloaded", time.monotonic() - t0, nbytes)
         return got, skipped, len(steps)
     return None, skipped, len(steps)
+
+
+def storage_status(run_dir: Path) -> dict[str, Any]:
+    """Checkpoint storage of a run directory for `llmctl status`: backend, newest committed
+    checkpoint (in the store: as the uploader recorded it), upload in flight, last error.
+
+    Reads local files only (`uploads.json`, `checkpoints/`), so status never waits on a store.
+    """
+    state = read_uploads(run_dir)
+    if state is not None:
+        return {
+            "backend": state.get("backend"),
+            "newest_committed": state.get("last_committed"),
+            "in_flight": state.get("in_flight"),
+            "last_error": state.get("last_error"),
+        }
+    steps = store.committed_steps(Path(run_dir) / "checkpoints")
+    return {
+        "backend": str(Path(run_dir) / "checkpoints"),
+        "newest_committed": {"step": steps[-1]} if steps else None,
+        "in_flight": None,
+        "last_error": None,
+    }
+
+
+def _ago(unix: Any) -> str:
+    if not isinstance(unix, int | float):
+        return ""
+    s = max(0.0, time.time() - unix)
+    return f", {s:.0f} s ago" if s < 120 else f", {s / 60:.0f} min ago"
+
+
+def storage_text(status: dict[str, Any]) -> str:
+    """One line of `storage_status` for `llmctl status`."""
+    newest = status.get("newest_committed") or {}
+    parts = [f"checkpoints {status.get('backend')}"]
+    step = newest.get("step")
+    parts.append(f"newest committed step {step}{_ago(newest.get('unix'))}" if step else "none")
+    flight = status.get("in_flight")
+    if flight:
+        mib = (flight.get("bytes") or 0) / (1 << 20)
+        parts.append(
+            f"uploading step {flight.get('step')} ({mib:.1f} MiB{_ago(flight.get('started_unix'))})"
+        )
+    error = status.get("last_error")
+    if error:
+        parts.append(f"last upload failed: {error.get('error')}")
+    return "; ".join(parts)
+
+
+def store_resume_step(location: str) -> int | None:
+    """Step of the newest committed checkpoint in the store whose files all have their
+    manifest sizes (what a resume will load; the ranks then check every CRC32).
+
+    Raises:
+        UserError: The store refuses the credentials, has no such bucket or does not answer.
+    """
+    from llmctl.run.storage_s3 import check_reachable
+
+    check_reachable(location)
+    found, _ = store.newest_valid(Path(location_text(location)), full=False)
+    return None if found is None else found.step
