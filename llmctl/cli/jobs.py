@@ -40,7 +40,7 @@ def status(
     if st.storage:
         from llmctl.run.ckpt_upload import storage_text
 
-        Console().print(storage_text(st.storage), highlight=False)
+        Console().print(storage_text(st.storage), highlight=False, soft_wrap=True)
 
 
 def state_text(st: RunStatus) -> str:
