@@ -23,6 +23,8 @@ pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
 
 from ckpt_support import child_env, losses, make_corpus
 
+from llmctl.run import ckpt_store as store
+
 REPO = Path(__file__).resolve().parents[2]
 ITERS = 12
 
@@ -139,3 +141,42 @@ def test_resume_from_the_store_alone(server: Any, tmp_path: Path) -> None:
     secret = env["AWS_SECRET_ACCESS_KEY"].encode()
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert leaked == []  # config.yaml, launch.json, logs, uploads.json: none holds the secret
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_ranks_upload_and_a_fresh_run_dir_resumes(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DP=2 under torchrun: both ranks agree on every upload outcome (rank 0 uploads); a new
+    run directory resumes from the store at the same layout with losses equal to the first
+    run's (its uninterrupted steps 5-12)."""
+    from ckpt_support import start_entry, write_run
+
+    from llmctl.run.storage_s3 import S3Storage
+
+    corpus = make_corpus(tmp_path / "data" / "corpus")
+    url = f"s3://ckpt/{tmp_path.name}/checkpoints"
+    common = [o for o in _overrides(corpus, ITERS) if not o.startswith(("recipe=", "launcher="))]
+    common += ["parallel.dp=2", f"checkpoint.dir={url}", "checkpoint.keep_last=3"]
+    env = server.env()
+    first = write_run(tmp_path / "a", common)
+    proc = start_entry(first, nproc=2, env=env)
+    assert proc.wait(timeout=600) == 0, (first / "process.log").read_text()[-3000:]
+    for name, value in env.items():  # this process reads the store too
+        monkeypatch.setenv(name, value)
+    root = Path(url)
+    assert store.committed_steps(root) == [4, 8, 12]
+    s3 = S3Storage(url)
+    for step in (12, 8):  # leave step 4 as the newest committed checkpoint
+        s3.delete(store.iter_name(step))
+    second = write_run(tmp_path / "b", common)
+    proc = start_entry(second, nproc=2, env=env)
+    assert proc.wait(timeout=600) == 0, (second / "process.log").read_text()[-3000:]
+    log = (second / "logs" / "rank0.log").read_text()
+    assert f"checkpoint iter_0000004 of {url}: downloaded" in log
+    want, got = losses(first), losses(second)
+    assert sorted(got) == list(range(5, ITERS + 1))
+    assert [got[s] for s in got] == [want[s] for s in got]
+    assert store.committed_steps(root) == [4, 8, 12]
+    assert all(v.ok for v in store.list_checkpoints(root, full=True))
