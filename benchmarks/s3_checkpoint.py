@@ -10,7 +10,14 @@ manager, conditional-PUT commit marker, `latest`, retention); side B is boto3's
 ratio, and the uploader's CPU seconds (process time). The server is a SeaweedFS started here
 (`benchmarks/s3_server.py`) unless the AWS_* variables and `--url` name another.
 
-Run: `.venv/bin/python benchmarks/s3_checkpoint.py --mib 1024 --repeats 3 --json`.
+`--blocked`: instead, training-blocked time of a save with `checkpoint.dir=s3://...` (the
+local async snapshot; the upload runs in the background) vs a synchronous save of the same
+state to the same server (local sync save, then waiting for its upload), in one in-process
+training run of benchmarks/ckpt_async.py's ~100M-parameter model (~1.1 GiB of model + Adam
+state), interleaved, medians reported.
+
+Run: `.venv/bin/python benchmarks/s3_checkpoint.py --mib 1024 --repeats 3 --json`,
+`.venv/bin/python benchmarks/s3_checkpoint.py --blocked --json`.
 """
 
 from __future__ import annotations
@@ -50,11 +57,16 @@ def make_checkpoint(run_dir: Path, step: int, mib: int, files: int) -> Path:
     return store.commit(root, tmp, step, manifest)
 
 
-def upload_llmctl(url: str, run_dir: Path, step: int) -> tuple[float, float]:
+def upload_llmctl(
+    url: str, run_dir: Path, step: int, part_bytes: int | None = None
+) -> tuple[float, float]:
     """(wall s, CPU s) of the trainer's background upload of one committed checkpoint."""
     from llmctl.run.ckpt_upload import Uploader
 
-    up = Uploader(url, run_dir, timeout_s=120, keep_local=True, keep_last=100, keep_every=None)
+    up = Uploader(
+        url, run_dir, timeout_s=120, keep_local=True, keep_last=100, keep_every=None,
+        part_bytes=part_bytes,
+    )  # fmt: skip
     t0, c0 = time.perf_counter(), time.process_time()
     up.start(step)
     up.join()
@@ -79,6 +91,60 @@ def upload_boto3(url: str, ckpt: Path, prefix: str) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def blocked(url: str, work: Path, samples: int, hidden: int) -> dict[str, object]:
+    """Blocked ms of s3 saves vs total ms of synchronous saves to the store (same run)."""
+    import statistics
+    from argparse import Namespace
+    from dataclasses import replace
+
+    from ckpt_async import _cfg, _corpus
+
+    from llmctl.train import run_in_process
+    from llmctl.train.checkpoint import DistCheckpointer
+
+    prefix = work / "data" / "corpus"
+    prefix.parent.mkdir(parents=True)
+    _corpus(prefix)
+    args = Namespace(layers=4, hidden=hidden, vocab=16384, activation="swiglu")
+    cfg = _cfg(args, prefix, 1 + 2 * samples)
+    cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, dir=url, keep_last=2))
+    run_dir = work / "blocked-run"
+    out: dict[str, list[float]] = {"s3_blocked_ms": [], "s3_total_ms": [], "sync_store_ms": []}
+    cpu: dict[str, list[float]] = {"s3": [], "sync": []}
+
+    class Bench(DistCheckpointer):
+        def after_step(self, state: object) -> None:
+            s = state.step  # type: ignore[attr-defined]
+            t0, c0 = time.perf_counter(), time.process_time()
+            if s == 1:
+                self.save(state, use_async=False)  # warm-up (first save of the process)
+                self.wait()
+            elif s % 2 == 0:
+                self.save(state, use_async=False)
+                self.wait()
+                out["sync_store_ms"].append(1e3 * (time.perf_counter() - t0))
+                cpu["sync"].append(time.process_time() - c0)
+            else:
+                self.save(state, use_async=True)
+                out["s3_blocked_ms"].append(1e3 * (time.perf_counter() - t0))
+                self.wait()
+                out["s3_total_ms"].append(1e3 * (time.perf_counter() - t0))
+                cpu["s3"].append(time.process_time() - c0)
+
+    run_in_process(cfg, run_dir, checkpointer=Bench(cfg, run_dir))
+    from llmctl.run import ckpt_store as store
+
+    state_bytes = store.list_checkpoints(Path(url))[0].size_bytes  # the newest, in the store
+    med = {k: statistics.median(v) for k, v in out.items()}
+    return {
+        "state_bytes": state_bytes,
+        **{k: round(v, 1) for k, v in med.items()},
+        "samples": {k: [round(x, 1) for x in v] for k, v in out.items()},
+        "cpu_s": {k: [round(x, 2) for x in v] for k, v in cpu.items()},
+        "blocked_ratio": round(med["s3_blocked_ms"] / med["sync_store_ms"], 4),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: start a server (unless --url), run both sides --repeats times, print the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -87,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--url", default=None, help="s3://BUCKET/PREFIX (AWS_* set); default: own")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--blocked", action="store_true", help="training-blocked time instead")
+    ap.add_argument("--part-mib", type=int, default=None, help="uploader part size (MiB)")
+    ap.add_argument("--hidden", type=int, default=1024, help="--blocked: model hidden size")
     ns = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="llmctl-s3-bench-"))
     server = None
@@ -99,13 +168,18 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(server.env())
         url = f"s3://{BUCKET}/bench"
     try:
+        if ns.blocked:
+            result = blocked(url, work, ns.repeats, ns.hidden)
+            print(json.dumps(result, indent=2))
+            return 0
         rows = []
         for rep in range(ns.repeats):
             run_dir = work / f"run{rep}"
             ckpt = make_checkpoint(run_dir, rep + 1, ns.mib, ns.files)
             nbytes = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
             b_wall, b_cpu = upload_boto3(url, ckpt, f"boto3-{rep}")
-            a_wall, a_cpu = upload_llmctl(url, run_dir, rep + 1)
+            part = ns.part_mib << 20 if ns.part_mib else None
+            a_wall, a_cpu = upload_llmctl(url, run_dir, rep + 1, part)
             rows.append(
                 {
                     "bytes": nbytes,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.run import ckpt_store as store
-from llmctl.run.storage import location_text
+from llmctl.run.storage import location_text, storage_for
 from llmctl.run.storage_posix import PosixStorage, atomic_write
 
 log = logging.getLogger("llmctl.train.checkpoint")
@@ -68,11 +68,12 @@ def read_uploads(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _storage(location: str, timeout_s: float) -> Any:
-    from llmctl.run.storage_s3 import S3Storage
+def _storage(location: str, timeout_s: float, part_bytes: int | None = None) -> Any:
+    from llmctl.run.storage_s3 import MULTIPART_BYTES, S3Storage
 
     return S3Storage(
         location,
+        multipart_bytes=part_bytes or MULTIPART_BYTES,
         read_timeout_s=timeout_s,
         max_attempts=UPLOAD_ATTEMPTS,
         stall_timeout_s=timeout_s,
@@ -99,6 +100,7 @@ class Uploader:
         keep_local: Keep the newest uploaded checkpoint in `checkpoints/`.
         keep_last: Retention in the store: newest committed checkpoints kept.
         keep_every: Retention in the store: also keep multiples of this step.
+        part_bytes: Multipart part size (default `storage_s3.MULTIPART_BYTES`).
     """
 
     def __init__(
@@ -110,12 +112,14 @@ class Uploader:
         keep_local: bool,
         keep_last: int,
         keep_every: int | None,
+        part_bytes: int | None = None,
     ) -> None:
         self.location = location_text(location).rstrip("/")
         self.local_root = Path(run_dir) / "checkpoints"
         self.state_path = Path(run_dir) / UPLOADS_FILE
         self.timeout_s, self.keep_local = timeout_s, keep_local
         self.keep_last, self.keep_every = keep_last, keep_every
+        self.part_bytes = part_bytes
         self._thread: threading.Thread | None = None
         self._outcome: UploadOutcome | None = None
         self._lock = threading.Lock()
@@ -190,7 +194,7 @@ class Uploader:
             self._outcome = UploadOutcome(step=step, error=error, seconds=seconds, bytes=nbytes)
 
     def _upload(self, local: Path, name: str, step: int) -> None:
-        storage = _storage(self.location, self.timeout_s)
+        storage = _storage(self.location, self.timeout_s, self.part_bytes)
         root = Path(self.location)
         if storage.exists(name):  # a retried upload that did commit, or a step saved again
             mine = (local / store.MANIFEST).read_bytes()
@@ -330,9 +334,10 @@ def storage_text(status: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def store_resume_step(location: str) -> int | None:
-    """Step of the newest committed checkpoint in the store whose files all have their
-    manifest sizes (what a resume will load; the ranks then check every CRC32).
+def store_resume_step(location: str) -> tuple[int | None, dict[str, Any] | None]:
+    """The newest committed checkpoint in the store whose files all have their manifest sizes
+    (what a resume will load; the ranks then check every CRC32): its step and its saved
+    `train_state.json` (for the launcher's compatibility check), or (None, None).
 
     Raises:
         UserError: The store refuses the credentials, has no such bucket or does not answer.
@@ -340,5 +345,12 @@ def store_resume_step(location: str) -> int | None:
     from llmctl.run.storage_s3 import check_reachable
 
     check_reachable(location)
-    found, _ = store.newest_valid(Path(location_text(location)), full=False)
-    return None if found is None else found.step
+    root = Path(location_text(location))
+    found, _ = store.newest_valid(root, full=False)
+    if found is None or found.step is None:
+        return None, None
+    try:
+        saved = json.loads(storage_for(root).read_bytes(f"{found.path.name}/{store.TRAIN_STATE}"))
+    except (OSError, ValueError):
+        return found.step, None  # the ranks report it
+    return found.step, saved if isinstance(saved, dict) else None

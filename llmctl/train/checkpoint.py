@@ -231,7 +231,7 @@ class DistCheckpointer:
                         self.store_url, got.source, got.bytes, got.seconds,
                     )  # fmt: skip
                 found = (None if got is None else got.step, None, count)
-            except OSError as e:
+            except Exception as e:  # every rank must learn it (they wait in the broadcast)
                 found = (None, f"cannot read checkpoints from {self.store_url}: {e}", 0)
         step, error, count = self._bcast(found)
         self.fetch_s = time.perf_counter() - t0

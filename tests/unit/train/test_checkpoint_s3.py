@@ -126,6 +126,20 @@ def test_a_fresh_run_dir_resumes_from_the_store_bit_exact(
     assert store.committed_steps(root) == [8, 12]  # retention: only older committed ones went
     assert _files_with(fresh, secret) == []
 
+    # what a launch into this run directory will load is read from the store (resume works
+    # with no local checkpoint), and a config the checkpoint cannot take is refused there
+    from llmctl.errors import UserError
+    from llmctl.launch.reentry import inspect_run_dir
+    from llmctl.run.layout import resolve_layout
+
+    same = _cfg(corpus, 16, f"checkpoint.dir={s3_url}", f"train.run_dir={fresh}")
+    point = inspect_run_dir(same, resolve_layout(same, None, None), restart_from_scratch=False)
+    assert point is not None and point.step == 12
+    other = _cfg(corpus, 16, f"checkpoint.dir={s3_url}", f"train.run_dir={fresh}",
+                 "model.num_layers=3")  # fmt: skip
+    with pytest.raises(UserError, match="num_layers"):
+        inspect_run_dir(other, resolve_layout(other, None, None), restart_from_scratch=False)
+
 
 def test_keep_local_loads_the_identical_local_copy(
     corpus: Path, reference: list[float], s3_url: str, tmp_path: Path, caplog
