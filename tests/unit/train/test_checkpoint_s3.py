@@ -128,11 +128,13 @@ def test_a_fresh_run_dir_resumes_from_the_store_bit_exact(
 
     # what a launch into this run directory will load is read from the store (resume works
     # with no local checkpoint), and a config the checkpoint cannot take is refused there
+    from llmctl.config import cfg_to_yaml
     from llmctl.errors import UserError
     from llmctl.launch.reentry import inspect_run_dir
     from llmctl.run.layout import resolve_layout
 
     same = _cfg(corpus, 16, f"checkpoint.dir={s3_url}", f"train.run_dir={fresh}")
+    (fresh / "config.yaml").write_text(cfg_to_yaml(same))  # what `llmctl train` writes
     point = inspect_run_dir(same, resolve_layout(same, None, None), restart_from_scratch=False)
     assert point is not None and point.step == 12
     other = _cfg(corpus, 16, f"checkpoint.dir={s3_url}", f"train.run_dir={fresh}",
