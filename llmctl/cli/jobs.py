@@ -37,6 +37,10 @@ def status(
         Console().print(f"step {st.step}/{st.total_steps or '?'}{loss}", highlight=False)
     if st.run_dir:
         Console().print(f"run dir {st.run_dir}", highlight=False)
+    if st.storage:
+        from llmctl.run.ckpt_upload import storage_text
+
+        Console().print(storage_text(st.storage), highlight=False, soft_wrap=True)
 
 
 def state_text(st: RunStatus) -> str:

@@ -65,6 +65,13 @@ class Fp8Recipe(StrEnum):
     current = "current"
 
 
+class UploadInFlight(StrEnum):
+    """What a save does while the previous checkpoint's upload is still running."""
+
+    wait = "wait"
+    skip = "skip"
+
+
 class LauncherKind(StrEnum):
     local = "local"
     torchrun = "torchrun"
@@ -415,6 +422,27 @@ class CheckpointConfig:
     load: bool = doc(True, "Resume from the newest complete checkpoint if one exists.")
     init_from: str | None = doc(
         None, "Weights only at step 0: an imported dir, a checkpoint, or hf:DIR (Hugging Face)."
+    )
+    dir: str | None = doc(
+        None,
+        "Where committed checkpoints live: null = RUN_DIR/checkpoints; s3://BUCKET/PREFIX = an "
+        "object store (endpoint and credentials from the AWS_* environment variables only). "
+        "Saves still go to RUN_DIR/checkpoints first; a background thread uploads each commit.",
+    )
+    upload_in_flight: UploadInFlight = doc(
+        UploadInFlight.wait,
+        "A save due while the previous upload is still in flight: wait (block until it ends) "
+        "or skip (this save is skipped).",
+    )
+    upload_timeout_s: float = doc(
+        120.0,
+        "An upload that sends no byte for this long (or a request unanswered this long) "
+        "fails, and the failed-save policy applies.",
+    )
+    keep_local: bool = doc(
+        False,
+        "With an object store: keep the newest uploaded checkpoint in RUN_DIR/checkpoints too "
+        "(a restart on this node loads it when identical to the store's newest).",
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from llmctl.config.schema import Dtype, Fp8Recipe, ModelFamily, PositionEmbedding, RootConfig
 from llmctl.errors import UserError
 
@@ -15,6 +17,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_cluster(cfg)
     _validate_plan(cfg)
     _validate_metrics(cfg)
+    _validate_checkpoint_dir(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -43,6 +46,16 @@ def _validate_minimums(cfg: RootConfig) -> None:
         )
     if t.lr_decay_iters is not None and t.lr_decay_iters < 1:
         raise UserError(f"train.lr_decay_iters must be >= 1 or null, got {t.lr_decay_iters}")
+
+
+def _validate_checkpoint_dir(cfg: RootConfig) -> None:
+    c = cfg.checkpoint
+    if c.dir is not None and not re.match(r"^s3://[^/]+", str(c.dir)):
+        raise UserError(
+            f"checkpoint.dir must be null (RUN_DIR/checkpoints) or s3://BUCKET/PREFIX, got {c.dir}"
+        )
+    if c.upload_timeout_s <= 0:
+        raise UserError(f"checkpoint.upload_timeout_s must be > 0, got {c.upload_timeout_s}")
 
 
 def _validate_metrics(cfg: RootConfig) -> None:

@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,7 @@ class RunStatus:
     step: int | None = None
     total_steps: int | None = None
     loss: float | None = None
+    storage: dict[str, Any] | None = None  # checkpoint backend, newest committed, upload
 
     @property
     def finished(self) -> bool:
@@ -153,7 +154,9 @@ def run_status(target: str) -> RunStatus:
     """
     path = Path(target)
     if path.is_dir():
-        return _dir_status(path)
+        from llmctl.run.ckpt_upload import storage_status
+
+        return replace(_dir_status(path), storage=storage_status(path))
     if target.isdigit():
         from llmctl.launch.slurm import job_status
 

@@ -67,6 +67,14 @@ def inspect_run_dir(
             "choose a new or empty directory"
         )
     root = run_dir / CHECKPOINTS_DIR
+    if cfg.checkpoint.dir is not None and cfg.checkpoint.load:  # the ranks select in the store
+        from llmctl.run.ckpt_compat import check_compatible
+        from llmctl.run.ckpt_upload import store_resume_step
+
+        step, saved = store_resume_step(str(cfg.checkpoint.dir))
+        if saved is not None:
+            check_compatible(saved, cfg, layout)
+        return ResumePoint(step=step)
     if not cfg.checkpoint.load:
         if store.committed_steps(root):
             raise UserError(

@@ -2,7 +2,8 @@
 
 Everything a user can get wrong and fix is checked here and raised as a one-line `UserError`:
 a layout the world size cannot hold, a GPU-only precision on a CPU cluster, a missing or
-unreadable data prefix, a tokenizer larger than the model's vocabulary.
+unreadable data prefix, a tokenizer larger than the model's vocabulary, an object store
+(`checkpoint.dir=s3://...`) that refuses the credentials or has no such bucket.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def preflight(
     _check_moe(cfg, layout, on_gpu)
     recipe = check_precision(cfg.precision, has_cuda=on_gpu, has_te=on_gpu)
     loss_balanced_stage_layers(cfg, layout)  # the planner's split must be buildable
+    if cfg.checkpoint.dir is not None:  # wrong credentials, no bucket: before any rank starts
+        from llmctl.run.storage_s3 import check_reachable
+
+        check_reachable(str(cfg.checkpoint.dir))
     return Preflight(layout=layout, precision=recipe, data=data or resolve_data(cfg))
 
 

