@@ -176,7 +176,8 @@ class Watchdog:
         line = hang.hang_line(blamed, max(now - since, waited_s), out)
         event = {
             "event": "hang", "rank": self.rank, "host": self.host, "step": self.step,
-            "detected_unix": round(detected, 3), "waited_s": round(waited_s, 2), "timeout_s": round(self.timeout_s(), 2),
+            "detected_unix": round(detected, 3), "waited_s": round(waited_s, 2),
+            "timeout_s": round(self.timeout_s(), 2),
             "blamed": [{"rank": b.rank, "host": b.host, "step": b.step} for b in blamed],
             "peer_states": states, "stacks": str(out), "line": line,
         }  # fmt: skip
