@@ -116,7 +116,11 @@ def culprits(beats: Sequence[Heartbeat], stuck: Iterable[int]) -> list[Heartbeat
 
 
 def hang_line(blamed: Sequence[Heartbeat], waited_s: float, stacks_dir: str | Path) -> str:
-    """`rank R on HOST made no progress for Ns; stacks in DIR/` (one line for the launcher)."""
+    """`rank R on HOST made no progress for Ns; stacks in DIR/` (one line for the launcher).
+
+    N is the detecting rank's time without progress when the timeout tripped (the blamed
+    rank's own heartbeat may be up to one interval older than its last step).
+    """
     if blamed:
         who = ", ".join(f"rank {b.rank} on {b.host}" for b in blamed[:4])
         who += f" (+{len(blamed) - 4} more)" if len(blamed) > 4 else ""

@@ -5,7 +5,8 @@ acting. The training loop calls `beat()` twice per step (a float and an int stor
 else happens on the training thread); the watchdog thread wakes every heartbeat interval,
 writes this rank's heartbeat and compares the time since the last beat with the timeout.
 
-When it fires, it writes stacks under RUN_DIR/hangs/step<S>-<attempt>/, one file per rank:
+When it fires, it writes stacks under RUN_DIR/hangs/<attempt>/ (torchrun's run id and restart
+count: the same on every rank of one start), one file per rank:
 
 - its own rank's: `faulthandler.dump_traceback(all_threads=True)` from the watchdog thread;
 - every other rank on this host (pids from their heartbeats): each rank registered
@@ -101,9 +102,12 @@ class Watchdog:
     def start(self) -> Watchdog:
         """Register the SIGUSR2 stack dump and start the thread."""
         logs = self.run_dir / "logs"
-        (self.run_dir / hang.HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
-        self._stacks = open(logs / f"rank{self.rank}.stacks", "a")  # noqa: SIM115 - kept open
-        faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True, chain=False)
+        try:  # a full or read-only disk costs the dumps and heartbeats, not the run
+            (self.run_dir / hang.HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
+            self._stacks = open(logs / f"rank{self.rank}.stacks", "a")  # noqa: SIM115 - kept open
+            faulthandler.register(DUMP_SIGNAL, file=self._stacks, all_threads=True, chain=False)
+        except OSError as e:
+            log.warning("hang watchdog: cannot write in %s (%s); no stack dumps asked", logs, e)
         self.beat(self.step)
         self._thread = threading.Thread(target=self._run, name="llmctl-watchdog", daemon=True)
         self._thread.start()
@@ -157,8 +161,7 @@ class Watchdog:
         detected = time.time()
         ranks = range(self.world)
         before = hang.read_heartbeats(self.run_dir, ranks)
-        low = min((b.step for b in before), default=self.step)
-        out = self.run_dir / HANGS_DIR / f"step{low}-{_attempt_id()}"
+        out = self.run_dir / HANGS_DIR / _attempt_id()  # one hang per attempt: it ends it
         out.mkdir(parents=True, exist_ok=True)
         self._dump_own(out, waited_s)
         for _ in range(hang.STALE_INTERVALS):  # whose heartbeat still advances?
@@ -171,9 +174,7 @@ class Watchdog:
         stuck = sorted(set(hang.unresponsive(before, beats)) | set(stopped))
         blamed = hang.culprits(beats, stuck)
         self._dump_peers(out, peers, states)
-        now = time.time()
-        since = min((b.progress_unix for b in blamed), default=self.last_beat_unix)
-        line = hang.hang_line(blamed, max(now - since, waited_s), out)
+        line = hang.hang_line(blamed, waited_s, out)
         event = {
             "event": "hang", "rank": self.rank, "host": self.host, "step": self.step,
             "detected_unix": round(detected, 3), "waited_s": round(waited_s, 2),

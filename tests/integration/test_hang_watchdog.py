@@ -37,7 +37,7 @@ from llmctl.run.health import EXIT_HANG, read_events  # noqa: E402
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-FLOOR_S = 6.0  # train.health.hang_floor_s: the timeout here (K x ~0.1-0.5 s steps is below it)
+FLOOR_S = 10.0  # train.health.hang_floor_s: the timeout (K x 0.1-0.5 s steps is below it)
 ITERS = 24
 
 
@@ -88,7 +88,7 @@ def test_sigstop_of_one_rank_dumps_stacks_exits_75_and_resume_finishes(
     first = min(events, key=lambda e: e["detected_unix"])
     detected_s = first["detected_unix"] - stopped_at
     # never before the timeout since the last progress; and after the SIGSTOP within the
-    # timeout plus one heartbeat interval of polling (0.6 s) and a loaded host's slack
+    # timeout plus one heartbeat interval of polling (1 s) and a loaded host's slack
     assert first["waited_s"] >= FLOOR_S and first["timeout_s"] == FLOOR_S, first
     assert detected_s < FLOOR_S + 5.0, (detected_s, first)
     host = socket.gethostname()
