@@ -1,7 +1,8 @@
-"""Divergence policy `stop` through the real CLI and local launcher (torchrun, one rank).
+"""Divergence policy `stop` through the real CLI and local launcher (torchrun, DP2 on CPU).
 
-lr=1e30 turns the gradients NaN at step 2: the run must end with exit code 4 and one line,
-record the event, and leave only the checkpoint of step 1, which holds no NaN.
+lr=1e30 turns the gradients NaN at step 2: both ranks must reach the same verdict and stop
+(no rank left waiting in a collective), the run must end with exit code 4 and one line, record
+the event, and leave only the checkpoint of step 1, which holds no NaN.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def test_nan_grad_norm_stops_with_exit_4_and_no_bad_checkpoint(tmp_path: Path) -
     run_dir, mark, log = tmp_path / "run", new_mark(), tmp_path / "cli.log"
     args = ["train", "recipe=tiny_cpu", "launcher=local", f"train.run_dir={run_dir}",
             *base_overrides(corpus, 10), "train.lr=1e30", "train.warmup_iters=0",
-            "train.clip_grad=0", "checkpoint.interval=1"]  # fmt: skip
+            "train.clip_grad=0", "checkpoint.interval=1", "parallel.dp=2"]  # fmt: skip
     proc = start_cli(args, mark, log)
     try:
         rc = proc.wait(timeout=300)
@@ -44,6 +45,8 @@ def test_nan_grad_norm_stops_with_exit_4_and_no_bad_checkpoint(tmp_path: Path) -
         "newest checkpoint: step 1, without the divergent step"
     )
     assert f"run failed (exit {EXIT_DIVERGED}): {line}" in out, out[-3000:]
+    for rank in (0, 1):  # each rank stopped on its own verdict, none was killed waiting
+        assert f"llmctl: rank {rank} exits {EXIT_DIVERGED}: {line}" in out, out[-3000:]
     (event,) = read_events(run_dir)
     assert (event["event"], event["step"], event["policy"]) == ("divergence", 2, "stop")
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
