@@ -140,3 +140,16 @@ def test_rollback_skips_the_window_and_the_run_finishes(demo_cache, tmp_path):
     tail = [r["loss"] for r in records[-5:]]
     assert all(math.isfinite(x) and x < 8.4 for x in tail), tail  # trained on, not diverged
     assert _assert_all_finite(run_dir, tmp_path)[-1] == 20
+
+
+def test_the_guarded_step_trains_exactly_as_megatrons_step(demo_cache, tmp_path):
+    """On a healthy run (clip_grad=1, the default) the guard changes no number."""
+    runs = {}
+    for policy in ("off", "stop"):
+        run_dir = tmp_path / policy
+        overrides = ["train.train_iters=6", "train.clip_grad=1.0", "checkpoint.interval=0",
+                     f"train.health.on_divergence={policy}"]  # fmt: skip
+        _run(demo_cache, run_dir, overrides)
+        runs[policy] = [(r["loss"], r["grad_norm"], r["lr"]) for r in _records(run_dir)]
+    assert runs["stop"] == runs["off"] and len(runs["off"]) == 6
+    assert not read_events(tmp_path / "stop")
