@@ -25,6 +25,7 @@ rank (all wait in the same place).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from collections.abc import Iterable, Sequence
@@ -46,7 +47,10 @@ def reference_step_s(predicted_s: float | None, measured: Sequence[float]) -> fl
 def hang_timeout_s(
     step_s: float | None, factor: float, floor_s: float, units: float = 1.0
 ) -> float:
-    """max(factor x step_s x units, floor_s); the floor alone while no step time is known."""
+    """max(factor x step_s x units, floor_s); the floor alone while no step time is known;
+    infinite for an untimed span (units = inf)."""
+    if math.isinf(units):
+        return math.inf
     if step_s is None or step_s <= 0:
         return floor_s
     return max(factor * step_s * units, floor_s)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,12 @@ class DivergenceGuard:
     """
 
     def __init__(
-        self, cfg: RootConfig, run_dir: Path, checkpointer: Any, on_event: OnEvent
+        self,
+        cfg: RootConfig,
+        run_dir: Path,
+        checkpointer: Any,
+        on_event: OnEvent,
+        watchdog: Any = None,
     ) -> None:
         h = cfg.train.health
         self.policy = str(_v(h.on_divergence))
@@ -65,6 +71,7 @@ class DivergenceGuard:
         self.rule = DivergenceRule(h.spike_factor, h.spike_window)
         self.gbs = cfg.train.global_batch_size
         self.run_dir, self.ckpt, self.on_event = run_dir, checkpointer, on_event
+        self.watchdog = watchdog  # its `untimed()` covers the reload of a rollback
         self.handled = 0
 
     def step(self, optimizer: Any, loss: float, state: Any) -> tuple[bool, float | None]:
@@ -154,15 +161,17 @@ class DivergenceGuard:
         ckpt = self.ckpt
         if not hasattr(ckpt, "load_from"):  # checkpointing off
             return None
-        ckpt.wait()  # a save in flight commits (or fails) first
-        steps = ckpt._bcast(store.committed_steps(ckpt.root) if ckpt.rank == 0 else None)
-        found = ckpt._newest_valid([s for s in steps if s <= newest])
-        if found is None:
-            return None
-        # megatron's scheduler load_state_dict *adds* the saved step count to its own (right
-        # for the fresh scheduler of a resume): start it from 0 as a fresh one would be.
-        state.scheduler.num_steps = 0
-        ckpt.load_from(state, ckpt.root / store.iter_name(found))
+        untimed = self.watchdog.untimed() if self.watchdog is not None else nullcontext()
+        with untimed:  # waiting for a save, validating and loading: not a hang
+            ckpt.wait()  # a save in flight commits (or fails) first
+            steps = ckpt._bcast(store.committed_steps(ckpt.root) if ckpt.rank == 0 else None)
+            found = ckpt._newest_valid([s for s in steps if s <= newest])
+            if found is None:
+                return None
+            # megatron's scheduler load_state_dict *adds* the saved step count to its own
+            # (right for the fresh scheduler of a resume): start from 0 as a fresh one would.
+            state.scheduler.num_steps = 0
+            ckpt.load_from(state, ckpt.root / store.iter_name(found))
         return int(state.step)
 
 
@@ -198,9 +207,9 @@ def _clip(optimizer: Any, grad_norm: float | None) -> None:
 
 
 def make_guard(
-    cfg: RootConfig, run_dir: Path, checkpointer: Any, on_event: OnEvent
+    cfg: RootConfig, run_dir: Path, checkpointer: Any, on_event: OnEvent, watchdog: Any = None
 ) -> DivergenceGuard | None:
     """The guard of this run; None when `train.health.on_divergence=off`."""
     if str(_v(cfg.train.health.on_divergence)) == "off":
         return None
-    return DivergenceGuard(cfg, run_dir, checkpointer, on_event)
+    return DivergenceGuard(cfg, run_dir, checkpointer, on_event, watchdog)

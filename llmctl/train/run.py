@@ -284,8 +284,8 @@ def _train_loop(
     from llmctl.train.divergence import make_guard
     from llmctl.train.watchdog import start_watchdog
 
-    trainer.guard = make_guard(cfg, run_dir, ckpt, obs.event)  # train.health.on_divergence
     wd = start_watchdog(cfg, run_dir, rank, layout.world_size, plan)  # train.health.watchdog
+    trainer.guard = make_guard(cfg, run_dir, ckpt, obs.event, wd)  # train.health.on_divergence
     try:
         from llmctl.run.prom import start_metrics
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
+import math
 import os
 import signal
 import socket
@@ -41,6 +42,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -93,6 +95,15 @@ class Watchdog:
             self.step_times.append(step_s)
         self.step, self.units = step, units
         self.last_beat, self.last_beat_unix = time.monotonic(), time.time()
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """A span not timed (a rollback's checkpoint reload); progress is marked after it."""
+        self.beat(self.step, math.inf)
+        try:
+            yield
+        finally:
+            self.beat(self.step)
 
     def units_after(self, step: int) -> float:
         """Step-lengths the span after `step` may take: 1, plus eval_iters before validation."""
@@ -263,6 +274,11 @@ class _Off:
     def units_after(self, step: int) -> float:
         """Unused."""
         return 1.0
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Nothing to pause."""
+        yield
 
     def stop(self) -> None:
         """Nothing to stop."""

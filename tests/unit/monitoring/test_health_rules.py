@@ -27,6 +27,7 @@ def test_timeout_is_factor_times_step_times_units_with_a_floor() -> None:
     assert hang.hang_timeout_s(2.0, 10, 5) == 20
     assert hang.hang_timeout_s(2.0, 10, 5, units=3) == 60  # a validation pass follows
     assert hang.hang_timeout_s(0.1, 10, 5) == 5
+    assert hang.hang_timeout_s(None, 10, 5, units=math.inf) == math.inf  # untimed span
 
 
 def _beat(rank: int, step: int, written: float, host: str = "h0") -> hang.Heartbeat:
