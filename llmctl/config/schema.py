@@ -246,6 +246,38 @@ class MetricsConfig:
     push_interval_s: float = doc(30.0, "Seconds between pushes (and one push at the end).")
 
 
+class DivergencePolicy(StrEnum):
+    """What `train.health.on_divergence` does with a divergent step (docs/monitoring.md)."""
+
+    off = "off"
+    stop = "stop"
+    skip = "skip"
+    rollback = "rollback"
+
+
+@dataclass(kw_only=True)
+class HealthConfig:
+    """Hang watchdog and divergence policy of the training loop; docs/monitoring.md."""
+
+    watchdog: bool = doc(True, "Run the hang watchdog (a thread per rank; exit code 75).")
+    hang_factor: float = doc(
+        10.0, "A hang is no step progress for hang_factor x the step time (plan, else measured)."
+    )
+    hang_floor_s: float = doc(300.0, "Shortest hang timeout, seconds (also before any step).")
+    on_divergence: DivergencePolicy = doc(
+        DivergencePolicy.stop,
+        "NaN/Inf loss or grad norm, or a loss spike: stop (exit 4), skip the batch, rollback "
+        "to the newest checkpoint past the bad data, or off.",
+    )
+    spike_factor: float = doc(
+        0.0, "Loss above spike_factor x the median of the last spike_window steps diverges; 0=off."
+    )
+    spike_window: int = doc(20, "Steps of loss history the spike rule needs and looks at.")
+    max_divergences: int = doc(
+        5, "Divergent steps one run (process) may skip or roll back before it stops (exit 4)."
+    )
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """Optimisation schedule and run bookkeeping."""
@@ -269,6 +301,7 @@ class TrainConfig:
     log_interval: int = doc(1, "Steps between metric records.")
     wandb: WandbConfig = doc(factory=WandbConfig, text="Weights & Biases tracking.")
     metrics: MetricsConfig = doc(factory=MetricsConfig, text="Prometheus metrics export.")
+    health: HealthConfig = doc(factory=HealthConfig, text="Hang watchdog, divergence policy.")
     eval_interval: int = doc(25, "Steps between validation passes; 0 = never.")
     eval_iters: int = doc(2, "Validation batches per pass.")
     run_dir: str | None = doc(None, "Run directory; None = runs/<recipe>-<UTC timestamp>.")

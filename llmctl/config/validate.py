@@ -18,6 +18,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_plan(cfg)
     _validate_metrics(cfg)
     _validate_checkpoint_dir(cfg)
+    _validate_health(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -64,6 +65,22 @@ def _validate_metrics(cfg: RootConfig) -> None:
         raise UserError(f"train.metrics.port must be 0 (off) or a TCP port, got {mc.port}")
     if mc.push_interval_s <= 0:
         raise UserError(f"train.metrics.push_interval_s must be > 0, got {mc.push_interval_s}")
+
+
+def _validate_health(cfg: RootConfig) -> None:
+    h = cfg.train.health
+    if h.hang_factor <= 0 or h.hang_floor_s <= 0:
+        raise UserError(
+            "train.health.hang_factor and train.health.hang_floor_s must be > 0, got "
+            f"{h.hang_factor} and {h.hang_floor_s}"
+        )
+    if h.spike_factor != 0 and h.spike_factor <= 1:
+        raise UserError(f"train.health.spike_factor must be 0 (off) or > 1, got {h.spike_factor}")
+    if h.spike_window < 1 or h.max_divergences < 0:
+        raise UserError(
+            "train.health.spike_window must be >= 1 and train.health.max_divergences >= 0, got "
+            f"{h.spike_window} and {h.max_divergences}"
+        )
 
 
 def _validate_model(cfg: RootConfig) -> None:

@@ -222,11 +222,24 @@ def _execute_locked(
         result["job_id"] = outcome.job_id
         return result
     record.update(exit_code=outcome.exit_code, finished=time.time())
-    if outcome.reason:
-        record["reason"] = result["reason"] = outcome.reason
+    reason = exit_reason(launch.run_dir, outcome.exit_code, outcome.reason)
+    if reason:
+        record["reason"] = result["reason"] = reason
     write_launch(launch.run_dir, record)
     result["exit_code"] = outcome.exit_code
     return result
+
+
+def exit_reason(run_dir: Path, exit_code: int | None, reported: str | None) -> str | None:
+    """The one line explaining a run's end: for the hang code (`run.health.EXIT_HANG`) the
+    watchdog's `rank R on HOST made no progress for Ns; stacks in RUN_DIR/hangs/...` from
+    health.jsonl (the ranks' own report may be missing or name only the reporting rank),
+    else what the ranks reported."""
+    from llmctl.run.health import EXIT_HANG, last_hang_line
+
+    if exit_code == EXIT_HANG:
+        return last_hang_line(run_dir) or reported
+    return reported
 
 
 _LAUNCH_RESERVE = 2048  # trailing spaces: room for the final record on a disk that fills up

@@ -152,7 +152,7 @@ def record_exit(run_dir: str | Path, code: int) -> None:
     """Add a finished SLURM job's exit code to RUN_DIR/launch.json (`llmctl status` reads it)."""
     import time
 
-    from llmctl.launch.api import read_launch, write_launch
+    from llmctl.launch.api import exit_reason, read_launch, write_launch
 
     try:
         record = read_launch(run_dir)
@@ -160,6 +160,9 @@ def record_exit(run_dir: str | Path, code: int) -> None:
         record = {}
     restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
     record.update(exit_code=code, finished=time.time(), slurm_restart=int(restarts or 0))
+    reason = exit_reason(Path(run_dir), code, None)  # the hang line (launch.api.exit_reason)
+    if reason:
+        record["reason"] = reason
     write_launch(Path(run_dir), record)
 
 

@@ -213,6 +213,7 @@ class Trainer:
             scheduler=self.scheduler,
             train_iters=iters,
         )
+        self.guard: Any = None  # llmctl.train.divergence.DivergenceGuard (train.health)
 
     def _data_arg(self, iters: list[Any]) -> Any:
         return iters if len(iters) > 1 else iters[0]
@@ -237,12 +238,16 @@ class Trainer:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
         losses = self._forward_backward(self.state.train_iters, forward_only=False)
-        ok, grad_norm, _ = self.optimizer.step()
+        loss = _reduce_loss(losses, self.device)  # before the step: the divergence check
+        if self.guard is not None:  # llmctl.train.divergence: checks, then steps
+            ok, grad_norm = self.guard.step(self.optimizer, loss, self.state)
+        else:
+            ok, grad_norm, _ = self.optimizer.step()
         if ok:
             self.scheduler.step(increment=1)
         self.state.step += 1
         self.state.consumed_samples += self.cfg.train.global_batch_size
-        return _reduce_loss(losses, self.device), (None if grad_norm is None else float(grad_norm))
+        return loss, (None if grad_norm is None else float(grad_norm))
 
     def evaluate(self) -> float:
         """Mean validation loss over `train.eval_iters` steps (same batches every time)."""

@@ -86,6 +86,8 @@ class _Observer:
         self.panel = Panel(title, self.total, mem_label, live=None if self.rank0 else False)
         self.wandb = start_wandb(cfg, run_dir, log) if self.rank0 else None
         self.prom: Any = None  # llmctl.run.prom.RankExporter, every rank (train.metrics)
+        self.run_dir = run_dir
+        self.events: list[dict[str, Any]] = []  # health events of the step being trained
 
     def step(
         self,
@@ -108,7 +110,7 @@ class _Observer:
         self.losses.append(loss)
         if val_loss is not None:
             self.val_losses[step] = val_loss
-        if not self.rank0 or not log_now:
+        if not self.rank0 or not (log_now or self.events):
             return
         tflops = self.flops_per_step / dt / self.num_devices / 1e12
         m = StepMetrics(
@@ -126,11 +128,26 @@ class _Observer:
             cpu_share=self.cpu_share,
             rank_cpu=self.rank_cpu,
         )
-        self._write_metrics(asdict(m))
+        events, self.events = self.events, []
+        self._write_metrics(asdict(m) | ({"events": events} if events else {}))
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in asdict(m).items() if v is not None}, step=step)
         eta = steady_state_step_s(self.step_times) * (self.total - step)
         self.panel.update(m, eta)
+
+    def event(self, event: dict[str, Any], final: bool) -> None:
+        """A health event (divergence): health.jsonl now, metrics.jsonl with its step's record
+        (`final`: the run stops before that record, so it is written now)."""
+        if not self.rank0:
+            return
+        from llmctl.run.health import append_event
+
+        append_event(self.run_dir, event)
+        if final:
+            keep = ("step", "loss", "grad_norm")
+            self._write_metrics({k: event[k] for k in keep} | {"events": [event]})
+        else:
+            self.events.append(event)
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
         """Append to metrics.jsonl; a full or failing disk is logged once, not fatal (the
@@ -264,6 +281,11 @@ def _train_loop(
     obs = _Observer(cfg, run_dir, layout, on_gpu, rank, trainer.state.step)
     t = cfg.train
     report = None
+    from llmctl.train.divergence import make_guard
+    from llmctl.train.watchdog import start_watchdog
+
+    wd = start_watchdog(cfg, run_dir, rank, layout.world_size, plan)  # train.health.watchdog
+    trainer.guard = make_guard(cfg, run_dir, ckpt, obs.event, wd)  # train.health.on_divergence
     try:
         from llmctl.run.prom import start_metrics
 
@@ -274,9 +296,11 @@ def _train_loop(
         with obs.panel:
             while trainer.state.step < t.train_iters:
                 t0, s0 = time.perf_counter(), sched_ns()
+                wd.beat(trainer.state.step)
                 loss, grad_norm = trainer.train_step()
                 trainer.sync()
                 dt = time.perf_counter() - t0
+                wd.beat(trainer.state.step, wd.units_after(trainer.state.step), dt)
                 obs.cpu_share, obs.rank_cpu = _cpu_share(dt, rank_times(dt, s0, sched_ns()), on_gpu)
                 step = trainer.state.step
                 val = None
@@ -287,6 +311,7 @@ def _train_loop(
                 consumed = trainer.state.consumed_samples
                 obs.step(step, loss, grad_norm, lr, dt, consumed, val, log_now)
                 ckpt.after_step(trainer.state)
+        wd.stop()  # the final save is not timed
         ckpt.close(trainer.state)
         if obs.step_times:  # a run resumed at its last step trains no step: nothing to report
             report = obs.report(cfg, layout, plan)
@@ -294,6 +319,7 @@ def _train_loop(
                 write_perf(run_dir, report)
                 log.info("%s\nwritten to %s", perf_markdown(report).rstrip(), run_dir / "perf.md")
     finally:
+        wd.stop()
         obs.close()
     return TrainResult(
         run_dir=run_dir,
