@@ -37,6 +37,7 @@ zeros. MoE models, GQA GPT-style models and any mix of the two styles are refuse
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import warnings
@@ -56,6 +57,8 @@ from llmctl.staging import check_out
 
 if TYPE_CHECKING:
     from llmctl.config.schema import ModelConfig, RootConfig
+
+log = logging.getLogger("llmctl.hf")
 
 DEFAULT_MAX_SHARD_BYTES = 2 << 30
 _MODEL_KEY = re.compile(r"^(?:model\d*\.)?((?:embedding|decoder|output_layer)\..+)$")
@@ -87,6 +90,23 @@ def _run_data(cfg: RootConfig) -> tuple[str | None, str | None]:
         except UserError:
             pass
     return prefix, tokenizer
+
+
+def _fetch_from_store(location: str, ckpt_root: Path, timeout_s: float) -> int:
+    """The store's newest valid committed checkpoint, made a local committed directory (the
+    run's local copies may have been pruned after upload, or this is another machine);
+    returns its step."""
+    from llmctl.run import ckpt_store as store
+    from llmctl.run.ckpt_upload import fetch_newest
+
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    fetched, skipped, _ = fetch_newest(location, ckpt_root, timeout_s=timeout_s)
+    for line in skipped:
+        log.warning("skipped %s", line)
+    if fetched is None:
+        raise UserError(f"no valid committed checkpoint in {location}")
+    log.info("checkpoint %s of %s: %s", store.iter_name(fetched.step), location, fetched.source)
+    return fetched.step
 
 
 def _pick_step(ckpt_root: Path, step: int | None) -> int:
@@ -136,7 +156,10 @@ def find_run_checkpoint(
     require_run_dir(run_dir)  # the one "not a run directory" wording
     cfg = load_resolved(run_dir / "config.yaml")
     ckpt_root = run_dir / "checkpoints"
-    chosen = _pick_step(ckpt_root, step)
+    if cfg.checkpoint.dir and step is None:
+        chosen = _fetch_from_store(cfg.checkpoint.dir, ckpt_root, cfg.checkpoint.upload_timeout_s)
+    else:
+        chosen = _pick_step(ckpt_root, step)
     check = store.validate(ckpt_root / store.iter_name(chosen), full=True)
     if not check.ok:
         good = _newest_complete_other_than(ckpt_root, chosen)

@@ -142,6 +142,17 @@ def test_resume_from_the_store_alone(server: Any, tmp_path: Path) -> None:
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert leaked == []  # config.yaml, launch.json, logs, uploads.json: none holds the secret
 
+    shutil.rmtree(run_dir / "checkpoints")  # export too works from the store alone
+    from llmctl.data.tokenizer import train_bpe
+
+    texts = (f"document {i} about checkpoints in object storage" for i in range(200))
+    tok = train_bpe(texts, tmp_path / "tok", vocab_size=300)  # the corpus has no tokenizer
+    cmd = ["export", "hf", str(run_dir), "-o", str(tmp_path / "hf"), "--tokenizer", str(tok)]
+    export = _llmctl(cmd, env, timeout=300)
+    assert export.returncode == 0, export.stderr[-3000:]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"]
+    assert (run_dir / "checkpoints" / "iter_0000012").is_dir()  # the newest, downloaded
+
 
 @pytest.mark.slow
 @pytest.mark.multiproc
