@@ -15,6 +15,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_cluster(cfg)
     _validate_plan(cfg)
     _validate_metrics(cfg)
+    _validate_straggler(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -51,6 +52,18 @@ def _validate_metrics(cfg: RootConfig) -> None:
         raise UserError(f"train.metrics.port must be 0 (off) or a TCP port, got {mc.port}")
     if mc.push_interval_s <= 0:
         raise UserError(f"train.metrics.push_interval_s must be > 0, got {mc.push_interval_s}")
+
+
+def _validate_straggler(cfg: RootConfig) -> None:
+    sc = cfg.train.straggler
+    if sc.window_steps < 0:
+        raise UserError(
+            f"train.straggler.window_steps must be >= 0 (0 = off), got {sc.window_steps}"
+        )
+    if not sc.margin > 0:
+        raise UserError(f"train.straggler.margin must be > 0 (0.25 = 25 % slower), got {sc.margin}")
+    if sc.windows < 1:
+        raise UserError(f"train.straggler.windows must be >= 1, got {sc.windows}")
 
 
 def _validate_model(cfg: RootConfig) -> None:
