@@ -231,6 +231,20 @@ def current_stragglers(run_dir: Path) -> list[dict[str, Any]]:
     return [s for s in current if isinstance(s, dict)] if isinstance(current, list) else []
 
 
+def straggler_text(run_dir: Path) -> str | None:
+    """`stragglers: rank 1 on node-2 (+71 %, since step 21)`, for `llmctl status`; None when
+    nobody is named now."""
+    named = current_stragglers(run_dir)
+    if not named:
+        return None
+    parts = [
+        f"rank {s.get('rank')} on {s.get('host')} (+{100 * (float(s.get('ratio', 1)) - 1):.0f} %, "
+        f"since step {s.get('since_step')})"
+        for s in named
+    ]
+    return "stragglers: " + ", ".join(parts)
+
+
 # ----- the exclude policy -----
 def record_excluded_host(run_dir: Path, straggler: Straggler, step: int) -> None:
     """Add the straggler's host to RUN_DIR/excluded_hosts.json (once per host)."""
