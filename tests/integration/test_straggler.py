@@ -21,7 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
+from prom_support import free_ports, http_get
 from run_procs import kill_marked, marked_pids, metric_steps, new_mark, start_cli, wait_until
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -38,9 +42,10 @@ def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-def _args(run_dir: Path, cache: Path, steps: int, policy: str = "none") -> list[str]:
+def _args(run_dir: Path, cache: Path, steps: int, policy: str = "none", port: int = 0) -> list[str]:
     return [
         "train", "recipe=tiny_cpu", "parallel.dp=2", f"train.train_iters={steps}",
+        f"train.metrics.port={port}",
         "train.eval_interval=0", "checkpoint.interval=0", f"data.cache_dir={cache}",
         f"train.straggler.window_steps={WINDOW}", f"train.straggler.windows={K}",
         f"train.straggler.margin={MARGIN}",
@@ -109,7 +114,8 @@ def _run(proc: subprocess.Popen, mark: str, timeout_s: float = 240) -> None:
 
 def test_a_slowed_rank_is_named_with_its_host(tmp_path: Path, demo_cache: Path) -> None:
     run_dir, log, mark = tmp_path / "run", tmp_path / "train.log", new_mark()
-    proc = start_cli(_args(run_dir, demo_cache, 120, policy="exclude"), mark, log)
+    (port,) = free_ports(1)
+    proc = start_cli(_args(run_dir, demo_cache, 120, policy="exclude", port=port), mark, log)
     try:
         wait_until(lambda: _last_step(run_dir) >= 20, 180, "step 20")
         pid = _rank_pid(mark, 1)
@@ -124,6 +130,9 @@ def test_a_slowed_rank_is_named_with_its_host(tmp_path: Path, demo_cache: Path) 
                 120,
                 "a straggler named in stragglers.json",
             )
+            live = CliRunner().invoke(app, ["top", str(run_dir), "--once"])
+            status = CliRunner().invoke(app, ["status", str(run_dir)])
+            scraped = http_get(f"http://127.0.0.1:{port}/metrics").decode()
         _run(proc, mark)
     finally:
         kill_marked(mark)
@@ -135,6 +144,15 @@ def test_a_slowed_rank_is_named_with_its_host(tmp_path: Path, demo_cache: Path) 
     assert first["ratio"] > 1 + MARGIN
     text = log.read_text()
     assert f"straggler: rank 1 on host {socket.gethostname()}" in text
+    host = socket.gethostname()
+    assert live.exit_code == 0 and "RUNNING" in live.stdout.splitlines()[0], live.output
+    assert f"stragglers  rank 1 on {host} (+" in live.stdout, live.stdout
+    assert f"stragglers: rank 1 on {host} (+" in status.stdout, status.output
+    assert f'llmctl_straggler_rank{{host="{host}",rank="1",run="run"}} 1.0' in scraped
+    assert f'llmctl_straggler_rank{{host="{host}",rank="0",run="run"}} 0.0' in scraped
+    done = CliRunner().invoke(app, ["top", str(run_dir), "--once", "--json"])
+    frame = json.loads(done.stdout)
+    assert (frame["state"], frame["step"], len(frame["ranks"])) == ("COMPLETED", 120, 2)
     excluded = json.loads((run_dir / "excluded_hosts.json").read_text())["hosts"]
     assert list(excluded) == [socket.gethostname()] and excluded[socket.gethostname()]["rank"] == 1
 
