@@ -14,8 +14,8 @@ normal windows in a row clear it. A rank's compute figure of a window is the low
 its steps' compute times, not the mean or the median: a rank that is really slower is slow on
 (nearly) every step, so even its faster steps are slow, while bursts of a neighbour on a shared
 host, a page-cache miss or a collector pause stretch some steps only. On this 2-core host at a
-load average of 10, one 600-step even DP=2 run had 21 of 60 rank-windows of 10 steps slow by
-the median and 17 by the lower quartile at margin 0.25, and 10 vs 6 at margin 0.5; with 3
+load average of 10, one 600-step even DP=2 run had 21 of 120 rank-windows of 10 steps slow
+by the median and 17 by the lower quartile at margin 0.25 (10 and 6 at margin 0.5); with 3
 windows in a row, the median named a rank once, the lower quartile never (docs/monitoring.md).
 
 Pure logic and the run directory's files (stragglers.json, excluded_hosts.json); torch-free.

@@ -157,3 +157,13 @@ def test_the_exporter_shows_parts_and_named_ranks_without_gpu_series(tmp_path: P
     assert not any(n.startswith("llmctl_gpu_") for n in names)  # CPU: absent, not 0
     assert "llmctl_train_last_step_busy_seconds" not in names  # CPU: schedstat's, set by step()
     exp.close()
+
+
+def test_gpu_utilization_is_absent_where_nvml_cannot_reach_a_gpu() -> None:
+    import torch
+
+    from llmctl.run.prom import _nvml_utilization
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: this checks the path without one")
+    assert _nvml_utilization(0) is None  # NVML (or CUDA) unavailable: no gauge, no error
