@@ -18,13 +18,14 @@ def top(
         bool, typer.Option("--json", help="One JSON object per frame, one per line.")
     ] = False,
     interval: Annotated[
-        float, typer.Option("--interval", min=0.5, help="Seconds between frames.")
+        float, typer.Option("--interval", help="Seconds between frames (>= 0.5).")
     ] = 5.0,
 ) -> None:
-    """Live view of a run: step, age of the last step, step time, tokens/s, MFU and memory
-    beside the plan, checkpoint age, restarts, stragglers; refreshed until the run ends.
+    """Live view of a run: step time, tokens/s, MFU, memory beside the plan; stragglers.
 
-    Plain text lines (no cursor control), so it reads in a log-only SSH session.
+    Also the step, the age of the last step, the newest checkpoint's age and the restarts;
+    refreshed until the run ends. Plain text lines (no cursor control), so it reads in a
+    log-only SSH session.
 
     Example: llmctl top runs/tiny_cpu-20261130T041500Z --interval 10
     """

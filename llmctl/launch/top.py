@@ -243,7 +243,13 @@ def watch(
     once: bool = False,
     max_frames: int | None = None,
 ) -> TopFrame:
-    """Emit a frame every `interval_s` until the run finishes (or once). Returns the last."""
+    """Emit a frame every `interval_s` until the run finishes (or once). Returns the last.
+
+    Raises:
+        UserError: `interval_s` below 0.5 s, or not a run directory.
+    """
+    if not interval_s >= 0.5:
+        raise UserError(f"--interval must be >= 0.5 seconds, got {interval_s}")
     num = 0
     while True:
         frame = top_frame(run_dir)

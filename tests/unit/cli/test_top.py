@@ -109,6 +109,12 @@ def test_top_refuses_what_is_not_a_run_dir(tmp_path: Path) -> None:
     assert "neither a run directory nor a SLURM job id" in " ".join(res.output.split())
 
 
+def test_top_refuses_a_too_short_interval(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["top", str(_run_dir(tmp_path)), "--interval", "0.1"])
+    assert res.exit_code == 2
+    assert "--interval must be >= 0.5 seconds, got 0.1" in " ".join(res.output.split())
+
+
 def test_status_names_the_stragglers(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     res = CliRunner().invoke(app, ["status", str(run)])
