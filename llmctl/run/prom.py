@@ -270,8 +270,8 @@ def _lazy_families() -> list[tuple[Any, str, str]]:
             "Last step's time in the gradient reduction on this rank (a fast rank waits), s.",
         ),
         (
-            "llmctl_straggler_rank",
-            "1 while the in-run detector names this rank a straggler, else 0 (rank 0 exports).",
+            "llmctl_train_straggler",
+            "1 while the in-run detector names this rank a straggler, else 0 (set each window).",
         ),
         ("llmctl_gpu_utilization_ratio", "GPU busy share over NVML's last sample period (0..1)."),
         ("llmctl_checkpoint_last_step", "Step of the newest committed checkpoint."),
@@ -404,14 +404,11 @@ class RankExporter:
         if self.on_gpu:
             self._lazy("llmctl_train_last_step_busy_seconds").set(compute_s)
 
-    def stragglers(self, ranks: Any, named: set[int]) -> None:
-        """Rank 0, each window: 1 for every rank named a straggler now, 0 for the others
-        (labels: that rank and its host)."""
-        family = self.m.families["llmctl_straggler_rank"]
-        for r in ranks:
-            family.labels(run=self.m.labels["run"], rank=str(r.rank), host=r.host).set(
-                1 if r.rank in named else 0
-            )
+    def straggler(self, named: bool) -> None:
+        """Each window: whether the detector names this rank a straggler now. Every rank sets
+        its own series (a Pushgateway refuses a push whose series' `rank` differs from the
+        push's grouping key)."""
+        self._lazy("llmctl_train_straggler").set(1 if named else 0)
 
     def _lazy(self, name: str) -> Any:
         """The series of a family set only sometimes, bound on first use."""

@@ -6,9 +6,10 @@ Each step is split at the entry of megatron-core's gradient reduction
 `time.perf_counter()`; on GPU they are CUDA events on the compute stream, read after the step's
 synchronize, so they time the device's forward and backward, not the host's kernel launches.
 Every `train.straggler.window_steps` steps each rank's window figures, host and node are
-gathered on rank 0 (`all_gather_object`, one small collective per window), which feeds
-`llmctl.run.straggler.StragglerDetector` (the logic and why compute time:
-docs/monitoring.md, Stragglers).
+gathered on every rank (`all_gather_object`, one small collective per window); every rank feeds
+them to its own `llmctl.run.straggler.StragglerDetector` (deterministic: all reach the same
+verdict), so each exports whether it is named itself; rank 0 writes the log line and the files
+(the logic and why compute time: docs/monitoring.md, Stragglers).
 
 Cost per step: four clock reads (or CUDA event records) and two list appends.
 """
@@ -28,6 +29,7 @@ from llmctl.run.straggler import (
     RankWindow,
     StragglerDetector,
     StragglerLog,
+    Verdict,
     record_excluded_host,
     window_figure,
 )
@@ -151,11 +153,14 @@ class StragglerWatch:
         self.steps.clear()
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
-        if self.log is not None:
-            self._judge(step, [g for g in gathered if isinstance(g, RankWindow)])
-
-    def _judge(self, step: int, ranks: list[RankWindow]) -> None:
+        ranks = [g for g in gathered if isinstance(g, RankWindow)]
         verdict = self.detector.observe(step, ranks, first_step=step - self.window + 1)
+        if self.prom is not None:  # every rank judges the same windows alike: its own series
+            self.prom.straggler(self.rank in self.detector.current)
+        if self.log is not None:
+            self._report(step, ranks, verdict)
+
+    def _report(self, step: int, ranks: list[RankWindow], verdict: Verdict) -> None:
         for s in verdict.named:
             log.warning("%s", s.line(self.window))
             if self.exclude:
@@ -174,8 +179,6 @@ class StragglerWatch:
                 self.log.write(step, ranks, verdict, self.detector)
         except OSError as e:  # a full disk: the verdict is in the log and the metrics
             log.error("cannot write %s (%s)", self.run_dir / "stragglers.json", e)
-        if self.prom is not None:
-            self.prom.stragglers(ranks, set(self.detector.current))
 
 
 class _Off:

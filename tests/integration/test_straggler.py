@@ -114,7 +114,7 @@ def _run(proc: subprocess.Popen, mark: str, timeout_s: float = 240) -> None:
 
 def test_a_slowed_rank_is_named_with_its_host(tmp_path: Path, demo_cache: Path) -> None:
     run_dir, log, mark = tmp_path / "run", tmp_path / "train.log", new_mark()
-    (port,) = free_ports(1)
+    port = free_ports(2)[0]
     proc = start_cli(_args(run_dir, demo_cache, 120, policy="exclude", port=port), mark, log)
     try:
         wait_until(lambda: _last_step(run_dir) >= 20, 180, "step 20")
@@ -132,7 +132,8 @@ def test_a_slowed_rank_is_named_with_its_host(tmp_path: Path, demo_cache: Path) 
             )
             live = CliRunner().invoke(app, ["top", str(run_dir), "--once"])
             status = CliRunner().invoke(app, ["status", str(run_dir)])
-            scraped = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+            scraped0 = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+            scraped1 = http_get(f"http://127.0.0.1:{port + 1}/metrics").decode()
         _run(proc, mark)
     finally:
         kill_marked(mark)
@@ -148,8 +149,8 @@ def test_a_slowed_rank_is_named_with_its_host(tmp_path: Path, demo_cache: Path) 
     assert live.exit_code == 0 and "RUNNING" in live.stdout.splitlines()[0], live.output
     assert f"stragglers  rank 1 on {host} (+" in live.stdout, live.stdout
     assert f"stragglers: rank 1 on {host} (+" in status.stdout, status.output
-    assert f'llmctl_straggler_rank{{host="{host}",rank="1",run="run"}} 1.0' in scraped
-    assert f'llmctl_straggler_rank{{host="{host}",rank="0",run="run"}} 0.0' in scraped
+    assert f'llmctl_train_straggler{{host="{host}",rank="1",run="run"}} 1.0' in scraped1
+    assert f'llmctl_train_straggler{{host="{host}",rank="0",run="run"}} 0.0' in scraped0
     done = CliRunner().invoke(app, ["top", str(run_dir), "--once", "--json"])
     frame = json.loads(done.stdout)
     assert (frame["state"], frame["step"], len(frame["ranks"])) == ("COMPLETED", 120, 2)

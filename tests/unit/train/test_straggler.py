@@ -141,18 +141,24 @@ def test_the_exporter_shows_parts_and_named_ranks_without_gpu_series(tmp_path: P
     exp = RankExporter(
         cfg, tmp_path, resolve_layout(cfg, 1, None), rank=0, on_gpu=False, plan=None, ckpt=None
     )
+
+    def values() -> dict[tuple[str, str | None, str | None], float]:
+        return {
+            (s.name, s.labels.get("rank"), s.labels.get("host")): s.value
+            for fam in text_string_to_metric_families(exp.m.exposition().decode())
+            for s in fam.samples
+        }
+
+    me = ("0", exp.m.labels["host"])
+    assert ("llmctl_train_straggler", *me) not in values()  # before the first window: absent
     exp.step_parts(0.04, 0.01)
-    exp.stragglers([_w(0, 0.05, host="a"), _w(1, 0.1, host="b")], {1})
-    got = {
-        (s.name, s.labels.get("rank"), s.labels.get("host")): s.value
-        for fam in text_string_to_metric_families(exp.m.exposition().decode())
-        for s in fam.samples
-    }
-    assert got["llmctl_train_last_step_compute_seconds", "0", exp.m.labels["host"]] == 0.04
-    assert got["llmctl_train_last_step_reduce_seconds", "0", exp.m.labels["host"]] == 0.01
-    assert (
-        got["llmctl_straggler_rank", "1", "b"] == 1 and got["llmctl_straggler_rank", "0", "a"] == 0
-    )
+    exp.straggler(True)
+    got = values()
+    assert got["llmctl_train_last_step_compute_seconds", *me] == 0.04
+    assert got["llmctl_train_last_step_reduce_seconds", *me] == 0.01
+    assert got["llmctl_train_straggler", *me] == 1
+    exp.straggler(False)
+    assert values()["llmctl_train_straggler", *me] == 0
     names = {k[0] for k in got}
     assert not any(n.startswith("llmctl_gpu_") for n in names)  # CPU: absent, not 0
     assert "llmctl_train_last_step_busy_seconds" not in names  # CPU: schedstat's, set by step()
