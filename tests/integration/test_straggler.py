@@ -1,11 +1,13 @@
 """Straggler detection in a real DP=2 CPU run under torchrun (llmctl.train.straggler).
 
-One rank is slowed for real: the test stops and continues its process (SIGSTOP / SIGCONT, a
-75 % duty cycle in 20 ms slices), as a node with a throttled CPU or a noisy neighbour would be.
-The detector must name that rank, with its host, within the stated number of windows (K
-windows; K + 1 counted from when the slowing starts, since the window in progress then is only
-partly slow), record it in stragglers.json and excluded_hosts.json (policy exclude), and say
-it in one log line. An even run of as many windows names nobody.
+One rank is slowed for real from step 20 on: its process is put in a cgroup with a CPU quota of
+25 % of one CPU (CFS bandwidth control, 10 ms periods), as a throttled node or a noisy
+neighbour would slow it; where no cgroup can be made, SIGSTOP / SIGCONT bursts (75 % stopped,
+12 ms cycles) do it instead. The detector must name that rank, with its host, within the stated
+number of windows (K windows; K + 1 counted from when the slowing starts, since the window in
+progress then is only partly slow), show it in `llmctl top`, `llmctl status` and its own
+`/metrics`, record it in stragglers.json and excluded_hosts.json (policy exclude), and say it in
+one log line. An even run of as many windows names nobody.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -70,10 +73,49 @@ def _rank_pid(mark: str, rank: int) -> int | None:
     return roots[0] if len(roots) == 1 else None
 
 
-class _Bursts:
-    """SIGSTOP / SIGCONT of one process in a loop (own thread) until stopped."""
+class _CpuQuota:
+    """A cgroup CPU quota on one process (all its threads): `share` of one CPU, enforced by the
+    kernel's CFS bandwidth control over 10 ms periods, so every step of the rank is slowed
+    alike whatever the load of the host. cgroup v1 (`cpu` controller) or v2 (`cpu.max`)."""
 
-    def __init__(self, pid: int, stop_s: float = 0.015, run_s: float = 0.005) -> None:
+    PERIOD_US = 10_000
+
+    def __init__(self, pid: int, share: float = 0.25) -> None:
+        self.pid, self.quota_us = pid, int(self.PERIOD_US * share)
+        name = f"llmctl-test-{uuid.uuid4().hex[:8]}"
+        v1 = Path("/sys/fs/cgroup/cpu")
+        self.root = v1 if (v1 / "cpu.cfs_quota_us").is_file() else Path("/sys/fs/cgroup")
+        self.group = self.root / name
+
+    @staticmethod
+    def available() -> bool:
+        v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+        if (v1 / "cpu.cfs_quota_us").is_file():
+            return os.access(v1, os.W_OK)
+        controllers = v2 / "cgroup.subtree_control"
+        return controllers.is_file() and "cpu" in controllers.read_text().split()
+
+    def __enter__(self) -> _CpuQuota:
+        self.group.mkdir()
+        if self.root.name == "cpu":
+            (self.group / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+            (self.group / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+        else:
+            (self.group / "cpu.max").write_text(f"{self.quota_us} {self.PERIOD_US}")
+        (self.group / "cgroup.procs").write_text(str(self.pid))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pid in (self.group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                (self.root / "cgroup.procs").write_text(pid)
+        self.group.rmdir()
+
+
+class _Bursts:
+    """SIGSTOP / SIGCONT of one process in a loop (own thread): where no cgroup can be made."""
+
+    def __init__(self, pid: int, stop_s: float = 0.009, run_s: float = 0.003) -> None:
         self.pid, self.stop_s, self.run_s = pid, stop_s, run_s
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -100,6 +142,11 @@ class _Bursts:
         self.thread.join(timeout=5)
 
 
+def slowed(pid: int) -> _CpuQuota | _Bursts:
+    """Slow one process for real: a 25 % CPU quota, else 75 % SIGSTOP bursts."""
+    return _CpuQuota(pid) if _CpuQuota.available() else _Bursts(pid)
+
+
 def _last_step(run_dir: Path) -> int:
     steps = metric_steps(run_dir)
     return steps[-1] if steps else 0
@@ -120,7 +167,7 @@ def test_a_slowed_rank_is_named_with_its_host(tmp_path: Path, demo_cache: Path) 
         wait_until(lambda: _last_step(run_dir) >= 20, 180, "step 20")
         pid = _rank_pid(mark, 1)
         assert pid is not None, "rank 1's process not found"
-        with _Bursts(pid):
+        with slowed(pid):
             slowed_at = _last_step(run_dir)
             wait_until(
                 lambda: (
