@@ -26,9 +26,11 @@ def status(
     st = run_status(target)
     if as_json:
         from llmctl.run.prom import status_metrics  # the numbers Prometheus gets (--json only)
+        from llmctl.run.straggler import current_stragglers
 
         metrics = status_metrics(Path(st.run_dir)) if st.run_dir else None
-        typer.echo(json.dumps({**st.as_dict(), "metrics": metrics}, indent=2))
+        strag = current_stragglers(Path(st.run_dir)) if st.run_dir else []
+        typer.echo(json.dumps({**st.as_dict(), "metrics": metrics, "stragglers": strag}, indent=2))
         return
     job = f" job {st.job_id}" if st.job_id else ""
     Console().print(f"[bold]{st.kind}{job}[/bold]: {state_text(st)}", highlight=False)
@@ -36,6 +38,10 @@ def status(
         loss = f", loss {st.loss:.4f}" if isinstance(st.loss, float) else ""
         Console().print(f"step {st.step}/{st.total_steps or '?'}{loss}", highlight=False)
     if st.run_dir:
+        from llmctl.run.straggler import straggler_text
+
+        if text := straggler_text(Path(st.run_dir)):
+            Console().print(text, highlight=False)
         Console().print(f"run dir {st.run_dir}", highlight=False)
     if st.storage:
         from llmctl.run.ckpt_upload import storage_text

@@ -25,6 +25,8 @@ COMMANDS: tuple[LazyCommand, ...] = (
        "Train a recipe with megatron-core: locally (torchrun), over ssh (hostfile) or on SLURM."),
     _L("status", "llmctl.cli.jobs", "status",
        "Where a run stands: SLURM state (scontrol), last step and loss from metrics.jsonl."),
+    _L("top", "llmctl.cli.top", "top",
+       "Live view of a run: step time, tokens/s, MFU, memory beside the plan; stragglers."),
     _L("logs", "llmctl.cli.jobs", "logs",
        "Print a run's console output (SLURM output file or the launcher's copy)."),
     _L("cancel", "llmctl.cli.jobs", "cancel",

@@ -278,6 +278,31 @@ class HealthConfig:
     )
 
 
+class StragglerPolicy(StrEnum):
+    """What a named straggler leads to (docs/monitoring.md, Stragglers)."""
+
+    none = "none"
+    exclude = "exclude"
+
+
+@dataclass(kw_only=True)
+class StragglerConfig:
+    """Straggler detection in the run: ranks' compute times compared every window."""
+
+    window_steps: int = doc(
+        20, "Steps per window: each rank's median compute time is gathered every N steps; 0 = off."
+    )
+    margin: float = doc(
+        0.25, "A rank is slow in a window when its compute time exceeds the others' median by this."
+    )
+    windows: int = doc(3, "Consecutive slow windows that name a straggler (and normal ones clear).")
+    policy: StragglerPolicy = doc(
+        StragglerPolicy.none,
+        "none: name it; exclude: also record its host in RUN_DIR/excluded_hosts.json, which the "
+        "next launch's hostfile skips.",
+    )
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """Optimisation schedule and run bookkeeping."""
@@ -306,6 +331,9 @@ class TrainConfig:
     eval_iters: int = doc(2, "Validation batches per pass.")
     run_dir: str | None = doc(None, "Run directory; None = runs/<recipe>-<UTC timestamp>.")
     force: bool = doc(False, "Launch even if the plan predicts no fit (--ignore-fit).")
+    straggler: StragglerConfig = doc(
+        factory=StragglerConfig, text="Straggler detection (docs/monitoring.md)."
+    )
 
 
 @dataclass(kw_only=True)

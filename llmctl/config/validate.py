@@ -19,6 +19,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_metrics(cfg)
     _validate_checkpoint_dir(cfg)
     _validate_health(cfg)
+    _validate_straggler(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -81,6 +82,18 @@ def _validate_health(cfg: RootConfig) -> None:
             "train.health.spike_window must be >= 1 and train.health.max_divergences >= 0, got "
             f"{h.spike_window} and {h.max_divergences}"
         )
+
+
+def _validate_straggler(cfg: RootConfig) -> None:
+    sc = cfg.train.straggler
+    if sc.window_steps < 0:
+        raise UserError(
+            f"train.straggler.window_steps must be >= 0 (0 = off), got {sc.window_steps}"
+        )
+    if not sc.margin > 0:
+        raise UserError(f"train.straggler.margin must be > 0 (0.25 = 25 % slower), got {sc.margin}")
+    if sc.windows < 1:
+        raise UserError(f"train.straggler.windows must be >= 1, got {sc.windows}")
 
 
 def _validate_model(cfg: RootConfig) -> None:

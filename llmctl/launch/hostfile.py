@@ -91,3 +91,27 @@ def read_hostfile(path: str | Path) -> tuple[Host, ...]:
             "listing one host per line"
         ) from None
     return parse_hostfile(text, str(p))
+
+
+def drop_excluded(hosts: tuple[Host, ...], run_dir: str | Path) -> tuple[Host, ...]:
+    """The hosts without those the straggler policy `exclude` recorded for this run directory
+    (RUN_DIR/excluded_hosts.json, `llmctl.run.straggler`); one line on stderr names them.
+
+    Delete that file (or a host's entry) to use a host again."""
+    import sys
+
+    from llmctl.run.straggler import EXCLUDED_HOSTS_FILE, excluded_hosts, is_excluded
+
+    excluded = excluded_hosts(Path(run_dir))
+    if not excluded:
+        return hosts
+    kept = tuple(h for h in hosts if not is_excluded(h.name, excluded))
+    if len(kept) < len(hosts):
+        skipped = ", ".join(h.name for h in hosts if h not in kept)
+        print(
+            f"llmctl: skipping host(s) {skipped}: excluded as stragglers in "
+            f"{Path(run_dir) / EXCLUDED_HOSTS_FILE}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return kept

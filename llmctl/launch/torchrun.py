@@ -59,7 +59,7 @@ from llmctl.launch.common import (
     tee,
     torchrun_prefix,
 )
-from llmctl.launch.hostfile import Host, read_hostfile
+from llmctl.launch.hostfile import Host, drop_excluded, read_hostfile
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
@@ -574,7 +574,7 @@ class TorchrunBackend:
         """
         if not cfg.launcher.hostfile:
             raise UserError("launcher=torchrun needs launcher.hostfile=PATH (one host per line)")
-        hosts = read_hostfile(cfg.launcher.hostfile)
+        hosts = drop_excluded(read_hostfile(cfg.launcher.hostfile), run_dir)  # straggler policy
         return NodeCommands(tuple(render_torchrun_nodes(cfg, run_dir, hosts, layout)))
 
     def check(self, launch: TrainLaunch) -> None:

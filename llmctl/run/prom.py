@@ -152,6 +152,28 @@ def _gpu_readers(device: int) -> dict[str, Any]:
     return {"used": used, "allocated": allocated, "reserved": reserved}
 
 
+def _nvml_utilization(device: int) -> Any:
+    """A reader of the GPU's utilization (0..1) through NVML (`nvidia-ml-py`, the `topo`
+    extra), or None when NVML or the device cannot be reached (the gauge is then absent)."""
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(
+            uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        )
+    except Exception as e:  # no NVML library, no driver, an old torch without uuid
+        log.info("GPU utilization not exported (NVML: %s)", e)
+        return None
+
+    def read() -> float:
+        return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+
+    return read
+
+
 # ----- the families -----
 class RankMetrics:
     """The metric families of one rank process, in a registry of their own.
@@ -214,6 +236,9 @@ class RankMetrics:
         )
         for kind, name, text in _lazy_families():
             self.families[name] = kind(name, text, LABELS, registry=reg)
+        util = _nvml_utilization(on_gpu_device) if on_gpu_device is not None else None
+        if util is not None:
+            self.child("llmctl_gpu_utilization_ratio").set_function(util)
 
     def child(self, name: str) -> Any:
         """The series of family `name` with this rank's labels (created on first use)."""
@@ -236,6 +261,19 @@ def _lazy_families() -> list[tuple[Any, str, str]]:
             "llmctl_train_last_step_busy_seconds",
             "Part of the last step this rank was not blocked on other ranks, seconds (CPU runs).",
         ),
+        (
+            "llmctl_train_last_step_compute_seconds",
+            "Last step's start to its gradient reduction on this rank (forward, backward), s.",
+        ),
+        (
+            "llmctl_train_last_step_reduce_seconds",
+            "Last step's time in the gradient reduction on this rank (a fast rank waits), s.",
+        ),
+        (
+            "llmctl_train_straggler",
+            "1 while the in-run detector names this rank a straggler, else 0 (set each window).",
+        ),
+        ("llmctl_gpu_utilization_ratio", "GPU busy share over NVML's last sample period (0..1)."),
         ("llmctl_checkpoint_last_step", "Step of the newest committed checkpoint."),
         ("llmctl_checkpoint_last_timestamp_seconds", "When it was committed, Unix seconds."),
         ("llmctl_checkpoint_last_commit_seconds", "Start to commit of the newest save, seconds."),
@@ -280,6 +318,7 @@ class RankExporter:
         ) * 1e12
         self.ckpt = ckpt
         self.rank = rank
+        self.on_gpu = on_gpu
         self._bound: dict[str, Any] = {}
         self._seen_saves = 0
         self._seen_ckpt: int | None = None
@@ -355,6 +394,21 @@ class RankExporter:
             busy.set(max(0.0, dt - rank_cpu[self.rank][1]))
         m.lr.set(lr)
         self._checkpoint()
+
+    def step_parts(self, compute_s: float, reduce_s: float) -> None:
+        """The last step's compute and reduce parts (`llmctl.train.straggler`). On GPU ranks,
+        where schedstat says nothing about the device, the compute part is also the busy
+        seconds that the shipped straggler rule compares."""
+        self._lazy("llmctl_train_last_step_compute_seconds").set(compute_s)
+        self._lazy("llmctl_train_last_step_reduce_seconds").set(reduce_s)
+        if self.on_gpu:
+            self._lazy("llmctl_train_last_step_busy_seconds").set(compute_s)
+
+    def straggler(self, named: bool) -> None:
+        """Each window: whether the detector names this rank a straggler now. Every rank sets
+        its own series (a Pushgateway refuses a push whose series' `rank` differs from the
+        push's grouping key)."""
+        self._lazy("llmctl_train_straggler").set(1 if named else 0)
 
     def _lazy(self, name: str) -> Any:
         """The series of a family set only sometimes, bound on first use."""

@@ -293,13 +293,18 @@ def _train_loop(
             cfg, run_dir, layout, rank=rank, on_gpu=on_gpu, plan=plan, ckpt=ckpt,
             start_step=trainer.state.step,
         )  # fmt: skip
+        from llmctl.train.straggler import start_watch
+
+        strag = start_watch(cfg, run_dir, trainer.config, rank=rank, on_gpu=on_gpu, prom=obs.prom)
         with obs.panel:
             while trainer.state.step < t.train_iters:
                 t0, s0 = time.perf_counter(), sched_ns()
                 wd.beat(trainer.state.step)
+                strag.begin()
                 loss, grad_norm = trainer.train_step()
                 trainer.sync()
                 dt = time.perf_counter() - t0
+                strag.end(trainer.state.step, dt)
                 wd.beat(trainer.state.step, wd.units_after(trainer.state.step), dt)
                 obs.cpu_share, obs.rank_cpu = _cpu_share(dt, rank_times(dt, s0, sched_ns()), on_gpu)
                 step = trainer.state.step

@@ -124,7 +124,7 @@ def test_a_real_run_is_scraped_and_pushed(tmp_path: Path, demo_cache: Path) -> N
         assert 'job="llmctl"' in line and 'run="run"' in line and line.endswith(f" {STEPS}")
 
         rules = prom.api("rules")["groups"][0]["rules"]
-        assert len(rules) == 7 and {r["health"] for r in rules} == {"ok"}
+        assert len(rules) == 8 and {r["health"] for r in rules} == {"ok"}
 
     status = subprocess.run(
         [sys.executable, "-m", "llmctl", "status", str(run_dir), "--json"],
