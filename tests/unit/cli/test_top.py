@@ -1,7 +1,7 @@
 """`llmctl top RUN_DIR --once [--json]` and the stragglers of `llmctl status`, on a run directory
 whose files are written by llmctl's own writers (metrics log, plan record, straggler log,
 launch record; a committed checkpoint directory); the real DP=2 run is in
-tests/integration/test_straggler.py."""
+tests/integration/test_straggler_live.py."""
 
 from __future__ import annotations
 
