@@ -5,11 +5,12 @@ rendered TrainJob (`launcher=kubernetes`, 2 nodes x 1 rank, tiny CPU recipe). Ea
 process started with exactly the TrainJob's `trainer.command` and `trainer.env`, plus the
 PET_* variables Trainer's torch plugin injects (PET_NNODES = numNodes, PET_NPROC_PER_NODE =
 numProcPerNode, PET_NODE_RANK = the Job completion index, PET_MASTER_ADDR, PET_MASTER_PORT) and
-the kubelet's `$(VAR)` expansion of the command. Two differences from a cluster, both forced by
-this machine: both pods are processes on 127.0.0.1 (PET_MASTER_ADDR is 127.0.0.1, not the
-headless-service name `<job>-node-0-0.<job>`; no network namespaces), and PET_MASTER_PORT is
-a free port rather than Trainer's fixed 29500 (other tests share this host). `python` in the
-command is the image's interpreter: this virtualenv's, first on PATH.
+the kubelet's `$(VAR)` expansion of the command. Pod K runs on host hK, a network namespace
+with its own address and `eth0` (scripts/netns_hosts.sh), as a pod has its own network; the
+rendezvous goes over that network to h0, named as the pods name it (`h0` resolves through the
+namespace's hosts file, as `<job>-node-0-0.<job>` resolves through the headless service).
+PET_MASTER_PORT is a free port rather than Trainer's fixed 29500 (other tests share these
+hosts). `python` in the command is the image's interpreter: this virtualenv's, first on PATH.
 
 Then the kubelet's preemption: SIGTERM to one pod's PID 1 (the llmctl node wrapper). All ranks
 agree to stop at the end of the step, checkpoint it and exit 143 within the rendered
@@ -20,6 +21,7 @@ resumes from that checkpoint: no step is trained twice.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -74,7 +76,7 @@ def _pods(trainjob: dict[str, Any], tmp: Path, mark: str) -> list[tuple[list[str
             "PET_NNODES": str(trainer["numNodes"]),
             "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
             "PET_NODE_RANK": str(rank),
-            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_ADDR": "h0",  # h0's address in every host's hosts file
             "PET_MASTER_PORT": port,
         }
         for e in trainer["env"]:  # the kubelet expands env values too, in order
@@ -83,13 +85,19 @@ def _pods(trainjob: dict[str, Any], tmp: Path, mark: str) -> list[tuple[list[str
     return pods
 
 
+NETNS_PREFIX = os.environ.get("LLMCTL_NETNS_PREFIX", "llmctl-")
+IP = shutil.which("ip") or "ip"
+
+
 def _start(pods: list[tuple[list[str], dict]], tmp: Path, tag: str) -> list[subprocess.Popen]:
+    """Pod K's command in host hK's network namespace (`ip netns exec` execs it: the PID that
+    gets the preemption SIGTERM is the pod's own PID 1, the llmctl node wrapper)."""
     procs = []
     for rank, (argv, env) in enumerate(pods):
         log = open(tmp / f"pod{rank}-{tag}.log", "wb")  # noqa: SIM115 - owned by the child
         procs.append(
             subprocess.Popen(
-                argv,
+                [IP, "netns", "exec", f"{NETNS_PREFIX}h{rank}", *argv],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -120,7 +128,9 @@ def _wait_steps(run: Path, n: int, procs: list[subprocess.Popen], timeout_s: flo
         time.sleep(0.1)
 
 
-def test_rendered_pod_command_trains_checkpoints_on_sigterm_and_resumes(tmp_path: Path) -> None:
+def test_rendered_pod_command_trains_checkpoints_on_sigterm_and_resumes(
+    tmp_path: Path, two_hosts: Path
+) -> None:
     corpus = make_corpus(tmp_path / "data" / "corpus")
     runs = tmp_path / "runs"
     run = runs / "k8s-pod"

@@ -75,6 +75,38 @@ def test_slurm_job_trains_two_ranks_to_the_end(
     assert status["reason"] is None, status  # scontrol's Reason=None is no reason: JSON null
 
 
+def test_slurm_job_pushes_its_metrics_to_a_real_pushgateway(
+    slurm_cluster: None, toy_prefix: str, tmp_path: Path
+) -> None:
+    """A batch job no server scrapes: each rank pushes to the Pushgateway while it trains and
+    once at the end, with its run, rank and host labels (issue 19: metrics of SLURM jobs)."""
+    import socket
+
+    from prom_support import free_ports, http_get, pushgateway
+
+    run_dir = tmp_path / "run"
+    (port,) = free_ports(1)
+    with pushgateway(tmp_path, port) as gateway:
+        push = [f"train.metrics.pushgateway={gateway}", "train.metrics.push_interval_s=1"]
+        _submit(run_dir, toy_prefix, "train.train_iters=6", "checkpoint.interval=3", *push)
+        final = follow_logs(run_dir, lambda _t: None, follow=True, poll_s=0.3, timeout_s=180)
+        assert final is not None and final.state == "COMPLETED"
+        text = http_get(f"{gateway}/metrics").decode()
+    steps = {}
+    for line in text.splitlines():
+        if line.startswith("llmctl_train_step{"):
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1 : line.index("}")]
+                          .replace('"', "").split(","))  # fmt: skip
+            steps[labels["rank"]] = (labels, float(line.rsplit(" ", 1)[1]))
+    assert sorted(steps) == ["0", "1"], text[-2000:]
+    for labels, value in steps.values():
+        assert value == 6  # the final push, after the last step
+        assert labels["job"] == "llmctl" and labels["run"] == "run"
+        assert labels["host"] == socket.gethostname()
+    saves = [x for x in text.splitlines() if x.startswith("llmctl_checkpoint_saves_total{")]
+    assert any('rank="0"' in x and x.endswith(" 2") for x in saves), saves
+
+
 def test_time_limit_signal_stops_ranks_and_requeues(
     slurm_cluster: None, toy_prefix: str, tmp_path: Path
 ) -> None:
