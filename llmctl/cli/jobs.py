@@ -43,6 +43,14 @@ def status(
         if text := straggler_text(Path(st.run_dir)):
             Console().print(text, highlight=False)
         Console().print(f"run dir {st.run_dir}", highlight=False)
+    if st.layout and st.layout["changes"]:
+        lay, last = st.layout, st.layout["last_change"]
+        Console().print(
+            f"layout {lay['current']} (started as {lay['original']}; {lay['changes']} elastic "
+            f"change(s), last: {last['reason']})",
+            highlight=False,
+            soft_wrap=True,
+        )
     if st.storage:
         from llmctl.run.ckpt_upload import storage_text
 

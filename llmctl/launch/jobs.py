@@ -58,6 +58,7 @@ class RunStatus:
     total_steps: int | None = None
     loss: float | None = None
     storage: dict[str, Any] | None = None  # checkpoint backend, newest committed, upload
+    layout: dict[str, Any] | None = None  # current and original layout, elastic changes
 
     @property
     def finished(self) -> bool:
@@ -156,12 +157,37 @@ def run_status(target: str) -> RunStatus:
     if path.is_dir():
         from llmctl.run.ckpt_upload import storage_status
 
-        return replace(_dir_status(path), storage=storage_status(path))
+        status = _dir_status(path)
+        return replace(status, storage=storage_status(path), layout=layout_status(path))
     if target.isdigit():
         from llmctl.launch.slurm import job_status
 
         return job_status(target)
     raise UserError(f"{target} is neither a run directory nor a SLURM job id")
+
+
+def layout_status(run_dir: Path) -> dict[str, Any] | None:
+    """The run's layout now and when it started (`Layout.short()`), from launch.json's elastic
+    `layout_changes` or, with none, plan.json; None when neither says."""
+    from llmctl.run.layout import layout_from_record
+
+    try:
+        changes = list(read_launch(run_dir).get("layout_changes") or [])
+    except (OSError, ValueError):
+        changes = []
+    if changes:
+        current = layout_from_record(changes[-1]["new_layout"]).short()
+        original = layout_from_record(changes[0]["old_layout"]).short()
+        last = {k: changes[-1].get(k) for k in ("reason", "time", "from_step", "seconds_lost")}
+        return {"current": current, "original": original, "changes": len(changes),
+                "last_change": last}  # fmt: skip
+    try:
+        planned = json.loads((run_dir / "plan.json").read_text()).get("layout_name")
+    except (OSError, ValueError):
+        return None
+    if not planned:
+        return None
+    return {"current": planned, "original": planned, "changes": 0, "last_change": None}
 
 
 def cancel_run(run_dir: str | Path) -> None:

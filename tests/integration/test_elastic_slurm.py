@@ -68,3 +68,14 @@ def test_job_granted_one_of_two_nodes_is_planned_for_it(
     assert [r.get("event") for r in lines] == ["layout_change", None, None, None, None]
     assert [r["step"] for r in lines[1:]] == [1, 2, 3, 4]
     assert not (run / "logs" / "rank1.log").exists()  # one rank: the planner's DP1
+    # `llmctl status` shows the layout it runs at and the one it was submitted at.
+    status = json.loads(runner.invoke(app, ["status", str(run), "--json"]).output)
+    assert status["layout"]["current"] == "TP1 PP1 CP1 DP1 MBS4 rc=none opt=none"
+    assert status["layout"]["original"] == "TP1 PP1 CP1 DP2 MBS4 rc=none opt=none"
+    assert status["layout"]["changes"] == 1
+    assert status["layout"]["last_change"]["reason"] == "SLURM granted 1 of 2 node(s)"
+    text = " ".join(runner.invoke(app, ["status", str(run)]).output.split())
+    assert (
+        "layout TP1 PP1 CP1 DP1 MBS4 rc=none opt=none (started as TP1 PP1 CP1 DP2 MBS4 rc=none "
+        "opt=none; 1 elastic change(s), last: SLURM granted 1 of 2 node(s))"
+    ) in text
