@@ -94,7 +94,7 @@ def cancel(
     run_dir: Annotated[str, typer.Argument(help="Run directory.")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Stop a run through its launcher: the ranks get SIGTERM, save a checkpoint and exit."""
+    """Stop a run through its launcher: the ranks save a checkpoint and exit."""
     from llmctl.launch.jobs import cancel_run, run_status
 
     before = run_status(run_dir)
