@@ -89,6 +89,13 @@ NETNS_PREFIX = os.environ.get("LLMCTL_NETNS_PREFIX", "llmctl-")
 IP = shutil.which("ip") or "ip"
 
 
+def _own_hostname(rank: int) -> list[str]:
+    """A pod's own hostname, resolvable to its own address (as the kubelet's /etc/hosts does;
+    gloo binds to the address its hostname resolves to): hK in a UTS namespace of its own.
+    `unshare` and `sh` exec, so the pod's PID stays the command's."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', f"h{rank}"]
+
+
 def _start(pods: list[tuple[list[str], dict]], tmp: Path, tag: str) -> list[subprocess.Popen]:
     """Pod K's command in host hK's network namespace (`ip netns exec` execs it: the PID that
     gets the preemption SIGTERM is the pod's own PID 1, the llmctl node wrapper)."""
@@ -97,7 +104,7 @@ def _start(pods: list[tuple[list[str], dict]], tmp: Path, tag: str) -> list[subp
         log = open(tmp / f"pod{rank}-{tag}.log", "wb")  # noqa: SIM115 - owned by the child
         procs.append(
             subprocess.Popen(
-                [IP, "netns", "exec", f"{NETNS_PREFIX}h{rank}", *argv],
+                [IP, "netns", "exec", f"{NETNS_PREFIX}h{rank}", *_own_hostname(rank), *argv],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
