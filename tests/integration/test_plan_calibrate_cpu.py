@@ -18,6 +18,7 @@ not reliable there and 25 % is the bound with headroom. What is left is run-to-r
 the measurement (the one-rank run 54-69 ms, PP=2 55-78 ms corrected), not a term of the
 model: the host's speed moves between the two runs, and under load the ranks' own CPU seconds
 grow, which no wait correction removes. 48 steps each: the launches' start-up dominates.
+Each layout runs twice (alternated) and the faster run of each is used, on both sides alike.
 """
 
 from __future__ import annotations
@@ -63,8 +64,17 @@ def test_calibrated_plan_predicts_another_layout(tmp_path: Path) -> None:
 
     cache = tmp_path / "cache"
     prepare_demo_data(cache)
-    one = _train(tmp_path, "mbs4", cache, ["parallel.micro_batch_size=4"], 1)
-    two = _train(tmp_path, "pp2", cache, ["parallel.pp=2", "parallel.micro_batch_size=2"], 2)
+    # Each layout runs twice, alternated, and the faster run of each is compared: this shared
+    # host's speed drifts by 10-20 % over a minute (the same PP2 run measured 86-114 ms in one
+    # hour), which a single pair of runs takes as a model error; a slow period only inflates.
+    runs: dict[str, list[Path]] = {"mbs4": [], "pp2": []}
+    for k in range(2):
+        runs["mbs4"].append(
+            _train(tmp_path, f"mbs4-{k}", cache, ["parallel.micro_batch_size=4"], 1)
+        )
+        pp2 = ["parallel.pp=2", "parallel.micro_batch_size=2"]
+        runs["pp2"].append(_train(tmp_path, f"pp2-{k}", cache, pp2, 2))
+    one, two = (min(r, key=lambda d: load_measured_run(d).step_s) for r in runs.values())
     out = tmp_path / "calibrated.yaml"
     runner = CliRunner()
     args = ["plan", "recipe=tiny_cpu", *BASE, "--json"]
