@@ -141,7 +141,9 @@ def test_rank_crash_with_in_job_restart_returns_and_leaves_nothing(
 
 def test_killed_launcher_takes_its_ranks_with_it(corpus: Path, tmp_path: Path) -> None:
     run_dir, mark, log = tmp_path / "run", new_mark(), tmp_path / "cli.log"
-    proc = start_cli(_train_args(run_dir, corpus, 400, "checkpoint.interval=50"), mark, log)
+    # The interval is past the last step, so the only checkpoint before the end is the stop's
+    # own save, however late the cancel lands on a loaded machine.
+    proc = start_cli(_train_args(run_dir, corpus, 1500, "checkpoint.interval=100000"), mark, log)
     try:
         wait_until(lambda: len(losses(run_dir)) >= 3, 180, "3 steps")
         os.killpg(proc.pid, signal.SIGKILL)  # llmctl and torchrun; the ranks have own sessions
@@ -163,7 +165,9 @@ def test_llmctl_cancel_stops_a_local_run_with_a_checkpoint(corpus: Path, tmp_pat
     import sys
 
     run_dir, mark, log = tmp_path / "run", new_mark(), tmp_path / "cli.log"
-    proc = start_cli(_train_args(run_dir, corpus, 400, "checkpoint.interval=50"), mark, log)
+    # The interval is past the last step, so the only checkpoint before the end is the stop's
+    # own save, however late the cancel lands on a loaded machine.
+    proc = start_cli(_train_args(run_dir, corpus, 1500, "checkpoint.interval=100000"), mark, log)
     cli = [sys.executable, "-m", "llmctl", "cancel", str(run_dir)]
     try:
         wait_until(lambda: len(losses(run_dir)) >= 3, 180, "3 steps")
@@ -176,7 +180,7 @@ def test_llmctl_cancel_stops_a_local_run_with_a_checkpoint(corpus: Path, tmp_pat
         kill_marked(mark)
     assert rc == 143, log.read_text()[-3000:]
     saved = store.read_latest(run_dir / "checkpoints")
-    assert saved == max(losses(run_dir)) and saved < 50  # the stop's own save, not the interval's
+    assert saved == max(losses(run_dir)) and saved < 1500  # the stop's own save, not the end's
     again = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
     assert "is not running (FAILED (exit code 143)); nothing to stop" in " ".join(
