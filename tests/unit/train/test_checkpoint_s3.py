@@ -227,3 +227,106 @@ def test_a_stopped_server_fails_the_upload_in_bounded_time(
     resumed = _train(_cfg(corpus, ITERS, *extra[:2]), fresh)
     assert resumed.losses == reference[2:]
     assert f"checkpoint iter_0000002 of {url}: downloaded" in caplog.text
+
+
+def _fill(mnt: Path) -> None:
+    """Write until the filesystem refuses (ENOSPC), in ever smaller pieces, to the last byte."""
+    import errno
+
+    with open(mnt / "filler", "wb", buffering=0) as f:
+        for size in (1 << 20, 1 << 12, 1):
+            while True:
+                try:
+                    f.write(b"\0" * size)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+                    break
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 64 MiB tmpfs of this test's own (root and mount(8) needed); unmounted afterwards."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) for a small filesystem under the server")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_server_fails_uploads_and_loses_nothing_committed(
+    corpus: Path,
+    reference: list[float],
+    s3_server_factory,
+    small_disk: Path,
+    monkeypatch,
+    tmp_path: Path,
+    caplog,
+) -> None:
+    """The server's data folder fills up to the last byte once step 2 is committed: the
+    server answers every later upload with an error, each failure goes through the failed-save
+    policy, the final save fails with exit code 3 naming the newest complete checkpoint;
+    with the space freed and the server restarted on the same data, every committed
+    checkpoint validates, nothing partial is listed, and a fresh run directory resumes from
+    the newest committed step bit-exact."""
+    from llmctl.train.checkpoint import EXIT_SAVE_FAILED, TrainingStopped
+
+    caplog.set_level(logging.INFO, logger="llmctl.train.checkpoint")
+    server = s3_server_factory(data_dir=small_disk / "data")
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    url = f"s3://{server.bucket}/full/checkpoints"
+    run_dir = tmp_path / "run"
+    extra = (
+        f"checkpoint.dir={url}", "checkpoint.interval=2", "checkpoint.upload_timeout_s=20",
+        "checkpoint.max_failed_saves=10",
+    )  # fmt: skip
+    filled: list[int] = []
+    done = threading.Event()
+
+    def fill_after_2() -> None:
+        while not done.wait(0.002):
+            state = read_uploads(run_dir) or {}
+            if ((state.get("last_committed") or {}).get("step") or 0) >= 2:
+                _fill(small_disk)
+                filled.append(int(state["last_committed"]["step"]))
+                return
+
+    watcher = threading.Thread(target=fill_after_2, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(TrainingStopped) as info:
+            _train(_cfg(corpus, 6, *extra), run_dir)
+    finally:
+        done.set()
+        watcher.join()
+    assert filled == [2], "the disk was not filled right after the commit of step 2"
+    assert info.value.code == EXIT_SAVE_FAILED
+    assert "the final checkpoint (step 6) failed" in info.value.message
+    state = read_uploads(run_dir)
+    assert state is not None and state["last_error"]["step"] == 6
+    newest = int(state["last_committed"]["step"])
+    assert newest in (2, 4)  # step 4's upload may have been past its last PUT when the disk filled
+    assert f"the newest complete checkpoint is step {newest}" in info.value.message
+    failed = [m for m in caplog.messages if "failed (upload" in m]
+    assert failed, "no upload failure went through the failed-save policy"
+
+    (small_disk / "filler").unlink()
+    server.restart()  # on the same data directory, now with room
+    root = Path(url)
+    assert store.committed_steps(root)[-1] == newest  # nothing partial is listed
+    assert all(v.ok for v in store.list_checkpoints(root, full=True))
+    fresh = tmp_path / "fresh"
+    resumed = _train(_cfg(corpus, ITERS, *extra[:2]), fresh)
+    assert resumed.losses == reference[newest:]
+    assert f"checkpoint iter_{newest:07d} of {url}: downloaded" in caplog.text
