@@ -60,8 +60,9 @@ class AdapterRecord:
         return str(self.base_checkpoint)
 
 
-def adapter_record(ckpt_dir: Path) -> AdapterRecord | None:
-    """The LoRA record of a committed checkpoint; None for a full-parameter one."""
+def adapter_record(ckpt_dir: Path, run_dir: Path) -> AdapterRecord | None:
+    """The LoRA record of a committed checkpoint of `run_dir` (a relative base path is the
+    run's own `init_from/` import); None for a full-parameter checkpoint."""
     from llmctl.run import ckpt_store as store
     from llmctl.train.lora import RECORD_KEY
 
@@ -75,7 +76,7 @@ def adapter_record(ckpt_dir: Path) -> AdapterRecord | None:
         dropout=float(rec["dropout"]),
         targets=list(rec["target_modules"]),
         source=str(rec["source"]),
-        base_checkpoint=Path(rec["checkpoint"]),
+        base_checkpoint=run_dir / rec["checkpoint"],
         fingerprint=str(rec["fingerprint"]),
     )
 
@@ -140,7 +141,7 @@ def split_lora(
     A full-parameter checkpoint: its own tensors and no merge. An adapter checkpoint: the
     recorded base's tensors and `W += scale * B A` on every adapted weight.
     """
-    rec = adapter_record(ckpt.path)
+    rec = adapter_record(ckpt.path, ckpt.run_dir)
     if rec is None:
         return loaded, lambda state: state
     from llmctl.hf.export import load_model_tensors
@@ -213,7 +214,7 @@ def export_adapter(
     from llmctl.hf.export import check_exportable, load_model_tensors
     from llmctl.staging import publish, staging_dir
 
-    rec = adapter_record(ckpt.path)
+    rec = adapter_record(ckpt.path, ckpt.run_dir)
     if rec is None:
         raise UserError(
             f"{ckpt.path}: no LoRA adapters (the run did not train with train.peft=lora); "

@@ -456,9 +456,10 @@ def resolve_base(cfg: RootConfig, run_dir: Path, tp: int) -> tuple[Path, dict[st
     fp = fingerprint(ckpt)
     check_base(cfg, run_dir, ckpt, fp)
     lora = cfg.train.lora
+    inside = ckpt.resolve().is_relative_to(run_dir.resolve())
     record = {
-        "source": spec,
-        "checkpoint": str(ckpt.resolve()),
+        "source": spec,  # the base checkpoint, relative to the run directory when inside it
+        "checkpoint": str(ckpt.resolve().relative_to(run_dir.resolve()) if inside else ckpt),
         "fingerprint": fp,
         "rank": lora.rank,
         "alpha": lora.alpha,
