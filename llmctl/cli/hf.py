@@ -116,6 +116,12 @@ def export_hf(
     step: StepOpt = None,
     tokenizer: TokenizerOpt = None,
     force: ForceOpt = False,
+    adapter: Annotated[
+        bool,
+        typer.Option(
+            "--adapter", help="LoRA run: write its PEFT adapter directory, not the merged model."
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a Hugging Face directory (Llama, Mistral, Qwen2, Mixtral or GPT-2) from a run."""
@@ -123,10 +129,23 @@ def export_hf(
 
     with console_progress() as progress:  # on stderr: --json stdout stays clean
         result = export_run(
-            run_dir, out, step=step, tokenizer=tokenizer, force=force, progress=progress
+            run_dir,
+            out,
+            step=step,
+            tokenizer=tokenizer,
+            force=force,
+            adapter=adapter,
+            progress=progress,
         )
     if json_out:
         typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    if adapter:
+        typer.echo(
+            f"exported the LoRA adapters of step {result.step} -> {result.out} (PEFT, "
+            f"{result.num_parameters:,} parameters, {result.size_bytes / 2**20:.2f} MiB; "
+            f"base {result.base})"
+        )
         return
     typer.echo(
         f"exported step {result.step} -> {result.out} ({result.architecture}, "

@@ -303,6 +303,31 @@ class StragglerConfig:
     )
 
 
+class PeftMethod(StrEnum):
+    """`train.peft`: parameter-efficient fine-tuning (docs/sft.md, LoRA)."""
+
+    lora = "lora"
+
+
+#: Hugging Face names of the linears LoRA can target (Llama-style), in PEFT's terms.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(kw_only=True)
+class LoraConfig:
+    """LoRA adapters (`train.peft=lora`): W x + (alpha / rank) B A x on each target linear."""
+
+    rank: int = doc(8, "Rank r of each adapter (A is r x in, B is out x r).")
+    alpha: float = doc(16.0, "Scale numerator: the update is alpha / rank * B A x.")
+    dropout: float = doc(0.0, "Dropout on the adapter's input (training only).")
+    target_modules: list[str] = doc(
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        text="Hugging Face names of the adapted linears: q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj (megatron's linear_qkv, linear_proj, linear_fc1, "
+        "linear_fc2).",
+    )
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """Optimisation schedule and run bookkeeping."""
@@ -322,6 +347,10 @@ class TrainConfig:
     freeze_embeddings: bool = doc(
         False, "Freeze the input embeddings (fine-tuning): no gradients or optimizer state."
     )
+    peft: PeftMethod | None = doc(
+        None, "Parameter-efficient fine-tuning: lora = frozen base + adapters (train.lora)."
+    )
+    lora: LoraConfig = doc(factory=LoraConfig, text="LoRA adapters (train.peft=lora).")
     seed: int = doc(1234, "Random seed.")
     log_interval: int = doc(1, "Steps between metric records.")
     wandb: WandbConfig = doc(factory=WandbConfig, text="Weights & Biases tracking.")

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import re
 
-from llmctl.config.schema import Dtype, Fp8Recipe, ModelFamily, PositionEmbedding, RootConfig
+from llmctl.config.schema import (
+    Activation,
+    Dtype,
+    Fp8Recipe,
+    ModelFamily,
+    PositionEmbedding,
+    RootConfig,
+)
 from llmctl.errors import UserError
 
 
@@ -20,6 +27,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_checkpoint_dir(cfg)
     _validate_health(cfg)
     _validate_straggler(cfg)
+    _validate_lora(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -194,4 +202,41 @@ def _validate_plan(cfg: RootConfig) -> None:
         raise UserError(
             f"plan.micro_batch_sizes must be a non-empty list of sizes >= 1, "
             f"got {list(s.micro_batch_sizes)}"
+        )
+
+
+def _validate_lora(cfg: RootConfig) -> None:
+    """`train.peft=lora`: adapter shape, known Hugging Face targets, a base to adapt."""
+    from llmctl.config.schema import LORA_TARGETS, PeftMethod
+
+    if cfg.train.peft != PeftMethod.lora:
+        return
+    lora, m = cfg.train.lora, cfg.model
+    if lora.rank < 1:
+        raise UserError(f"train.lora.rank must be >= 1, got {lora.rank}")
+    if not lora.alpha > 0:
+        raise UserError(f"train.lora.alpha must be > 0, got {lora.alpha}")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise UserError(f"train.lora.dropout must be in [0, 1), got {lora.dropout}")
+    if not lora.target_modules:
+        raise UserError(
+            f"train.lora.target_modules is empty (expected some of {', '.join(LORA_TARGETS)})"
+        )
+    for name in lora.target_modules:
+        if name not in LORA_TARGETS:
+            raise UserError(
+                f"train.lora.target_modules: {name!r} is not a module of this model "
+                f"(expected some of {', '.join(LORA_TARGETS)})"
+            )
+    if "gate_proj" in lora.target_modules and m.activation != Activation.swiglu:
+        raise UserError(
+            f"train.lora.target_modules: 'gate_proj' is not a module of this model "
+            f"(model.activation={m.activation.value} has no gate; use up_proj for linear_fc1)"
+        )
+    if m.num_experts:
+        raise UserError("train.peft=lora: MoE models (model.num_experts > 0) are not supported")
+    if not cfg.checkpoint.init_from:
+        raise UserError(
+            "train.peft=lora needs the base model: set checkpoint.init_from "
+            "(hf:DIR, an `llmctl import hf` output or a run directory)"
         )

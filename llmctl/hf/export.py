@@ -561,8 +561,11 @@ def _write_dir(
         (megatron_to_hf_llama, llama_config) if arch != GPT2 else (megatron_to_hf_gpt2, gpt2_config)
     )
     loaded = load_model_tensors(ckpt.path, progress)
+    from llmctl.hf.lora_export import split_lora  # a LoRA run: its base, merged with adapters
+
+    loaded, merge = split_lora(ckpt, loaded, progress)
     with progress.phase(f"convert to {arch}"):
-        state = convert(loaded, model)
+        state = merge(convert(loaded, model))
     max_len = int(model.max_position_embeddings or model.seq_length)
     eos_id = write_tokenizer(ckpt.tokenizer, staging, max_len) if ckpt.tokenizer else None
     embed = "model.embed_tokens.weight" if arch != GPT2 else "transformer.wte.weight"
@@ -620,9 +623,11 @@ def export_run(
     step: int | None = None,
     tokenizer: Path | None = None,
     force: bool = False,
+    adapter: bool = False,
     progress: Progress = NO_PROGRESS,
-) -> ExportResult:
-    """`llmctl export hf`: find, validate and export a run's checkpoint.
+) -> Any:
+    """`llmctl export hf`: find, validate and export a run's checkpoint (`adapter`: a LoRA
+    run's PEFT adapter directory, `llmctl.hf.lora_export`; returns its `AdapterExport`).
 
     Third-party warnings go to OUT/export.log (kept as .OUT.export.log if the export fails),
     not the console, unless `-v`.
@@ -633,7 +638,13 @@ def export_run(
         with progress.phase(f"validate checkpoint of {run_dir}"):
             ckpt = find_run_checkpoint(run_dir, step, tokenizer)
         check_exportable(ckpt.model)
-        result = export_hf(ckpt, out, progress=progress)
+        result: Any
+        if adapter:
+            from llmctl.hf.lora_export import export_adapter
+
+            result = export_adapter(ckpt, out, progress=progress)
+        else:
+            result = export_hf(ckpt, out, progress=progress)
     if log.is_file():
         log.replace(out / "export.log")
     (out / EXPORT_MARKER).write_text(json.dumps(result.as_dict(), indent=2) + "\n")

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llmctl.plan.layout import Layout, StageSplit
+from llmctl.plan.lora import lora_stage
 from llmctl.plan.params import embedding_params, layer_params, stage_params
 from llmctl.plan.specs import (
     BYTES,
@@ -194,7 +195,8 @@ def _static(
         acts += _last_extra(model, layout)
     lp = layer_params(model, layout.tp, layout.ep, layout.etp).total
     frozen = embedding_params(model, layout.tp) if first and run.freeze_embeddings else 0
-    return float(params.dense), float(params.expert), lp, layers, acts, float(frozen)
+    dense, frozen_all = lora_stage(model, run, layout.tp, layers, params.dense, frozen)  # LoRA
+    return float(dense), float(params.expert), lp, layers, acts, float(frozen_all)
 
 
 def _states(

@@ -234,6 +234,10 @@ class RunSpec:
     train_tokens: float | None = None
     freeze_embeddings: bool = False
     """Input embeddings frozen (fine-tuning): they get no gradient or optimizer state."""
+    lora_rank: int = 0
+    """LoRA (`train.peft=lora`, llmctl.plan.lora): adapter rank; 0 = no LoRA."""
+    lora_targets: tuple[str, ...] = ()
+    """Hugging Face names of the adapted linears (q_proj ... down_proj)."""
     moe_a2a_overlap: bool = False
     """MoE all-to-alls overlapped with another micro-batch's compute (megatron-core
     `overlap_moe_expert_parallel_comm`; off by default, on in Megatron-Bridge's Qwen3-235B

@@ -155,6 +155,7 @@ def run_spec(cfg: RootConfig) -> RunSpec:
         attention=attention_kernel(cfg),
         train_tokens=cfg.train.train_tokens,
         freeze_embeddings=cfg.train.freeze_embeddings,
+        **_lora_fields(cfg),
         moe_a2a_overlap=cfg.parallel.moe_a2a_overlap and cfg.model.num_experts > 0,
     )
 
@@ -469,3 +470,11 @@ def _user_layout(data: dict[str, Any], source: str) -> Layout:
         ) from None
     except (TypeError, ValueError) as exc:
         raise UserError(f"{source}: {exc}") from None
+
+
+def _lora_fields(cfg: RootConfig) -> dict[str, Any]:
+    """`RunSpec` fields of `train.peft=lora` (llmctl.plan.lora); none without LoRA."""
+    if str(getattr(cfg.train.peft, "value", cfg.train.peft)) != "lora":
+        return {}
+    lora = cfg.train.lora
+    return {"lora_rank": lora.rank, "lora_targets": tuple(lora.target_modules)}

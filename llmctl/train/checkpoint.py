@@ -65,6 +65,7 @@ from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
     sharded_state_dict,
     versions,
 )
+from llmctl.train.lora import base_record
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
@@ -351,16 +352,20 @@ class DistCheckpointer:
         return cfg_to_yaml(self.cfg)  # ~40 ms: once per run, not on every save's critical path
 
     def _header(self, state: Any) -> dict[str, Any]:
-        return {
-            "step": state.step,
-            "consumed_samples": state.consumed_samples,
-            "world_size": self.world,
-            "layout": layout_record(state.layout, self.cfg.train.global_batch_size),
-            "model": {k: _v(getattr(self.cfg.model, k, None)) for k in ARCH_FIELDS},
-            "versions": versions(),
-            "backend": "torch_dist",
-            "created_unix": time.time(),
-        } | {"config_yaml": self._config_yaml}
+        return (
+            {
+                "step": state.step,
+                "consumed_samples": state.consumed_samples,
+                "world_size": self.world,
+                "layout": layout_record(state.layout, self.cfg.train.global_batch_size),
+                "model": {k: _v(getattr(self.cfg.model, k, None)) for k in ARCH_FIELDS},
+                "versions": versions(),
+                "backend": "torch_dist",
+                "created_unix": time.time(),
+            }
+            | {"config_yaml": self._config_yaml}
+            | base_record(state.model)
+        )  # LoRA: its base
 
     def _train_state(self, state: Any, header: dict[str, Any]) -> dict[str, Any]:
         return header | {

@@ -92,12 +92,14 @@ def load_checkpoint(state: Any, ckpt_dir: Path, cfg: RootConfig, rank: int, worl
 
 def _apply(state: Any, loaded: dict[str, Any], saved: dict[str, Any]) -> None:
     """Model chunks, optimizer, scheduler and data position from a loaded checkpoint."""
+    from llmctl.train.lora import load_view  # LoRA: the adapters only
+
     chunks = [_unwrap(m) for m in state.model]
     if len(chunks) == 1:
-        chunks[0].load_state_dict(loaded["model"])
+        load_view(chunks[0], loaded["model"])
     else:
         for i, chunk in enumerate(chunks):
-            chunk.load_state_dict(loaded[f"model{i}"])
+            load_view(chunk, loaded[f"model{i}"])
     state.optimizer.load_state_dict(loaded["optimizer"])
     sched = state.scheduler
     if hasattr(sched, "override_opt_param_scheduler"):

@@ -55,13 +55,15 @@ def versions() -> dict[str, str]:
 
 def sharded_state_dict(state: Any, *, is_loading: bool) -> dict[str, Any]:
     """megatron's sharded state dict of the model chunks (unwrapped from DDP) and optimizer."""
+    from llmctl.train.lora import checkpoint_view  # LoRA: the adapters only
+
     chunks = [_unwrap(m) for m in state.model]
     sd: dict[str, Any] = {}
     if len(chunks) == 1:
-        sd["model"] = chunks[0].sharded_state_dict()
+        sd["model"] = checkpoint_view(chunks[0], chunks[0].sharded_state_dict())
     else:
         for i, chunk in enumerate(chunks):
-            sd[f"model{i}"] = chunk.sharded_state_dict()
+            sd[f"model{i}"] = checkpoint_view(chunk, chunk.sharded_state_dict())
     sd["optimizer"] = state.optimizer.sharded_state_dict(sd, is_loading=is_loading)
     return sd
 

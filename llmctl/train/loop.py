@@ -151,8 +151,8 @@ class Trainer:
         from llmctl.run.planning import loss_balanced_stage_layers
         from llmctl.run.precision import check_precision, has_transformer_engine
         from llmctl.train import data as data_mod
+        from llmctl.train import lora, optim
         from llmctl.train import model as model_mod
-        from llmctl.train import optim
 
         self.cfg, self.layout, self.run_dir = cfg, layout, run_dir
         self.on_gpu = torch.cuda.is_available()
@@ -174,6 +174,7 @@ class Trainer:
             cfg.model, self.config, layout, use_te=use_te, seed=cfg.train.seed
         )
         model_mod.freeze_embeddings(chunks, cfg.train, cfg.model, layout.pp)
+        lora.apply_lora(chunks, cfg, layout)  # train.peft=lora: frozen base + adapters
         if self.on_gpu:
             for c in chunks:
                 c.cuda(torch.cuda.current_device())

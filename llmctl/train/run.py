@@ -271,9 +271,12 @@ def _train_loop(
 
         checkpointer = make_checkpointer(cfg, run_dir, plan)
     ckpt = checkpointer
+    from llmctl.train.lora import load_base
+
+    lora_base = load_base(trainer.state, cfg, run_dir)  # LoRA: the base on every start
     ckpt.load(trainer.state)
     if (
-        trainer.state.step == 0 and cfg.checkpoint.init_from
+        trainer.state.step == 0 and cfg.checkpoint.init_from and not lora_base
     ):  # weights only (llmctl.train.init_from)
         from llmctl.train.init_from import init_weights
 
