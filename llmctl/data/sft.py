@@ -683,7 +683,7 @@ def packed_manifest(
                 **provenance.of(p),
             }
             for p in paths
-        ],  # fmt: skip
+        ],
         "tokenizer": renderer.identity(),
         "counts": counts,
     }

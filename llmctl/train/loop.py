@@ -228,7 +228,7 @@ class Trainer:
         return fb(  # type: ignore[no-any-return]
             forward_step_func=partial(
                 self.dpo.forward_step if self.dpo else _forward_step, device=self.device
-            ),  # fmt: skip
+            ),
             data_iterator=self._data_arg(iters),
             model=self.model if len(self.model) > 1 else self.model[0],
             num_microbatches=self.layout.num_microbatches(self.cfg.train.global_batch_size),
