@@ -4,8 +4,8 @@ Oracles outside llmctl:
 - TRL's `DPOTrainer` (PyPI `trl`) computes the loss, the chosen/rejected rewards, the reward
   margin and accuracy of the same pairs from the log-probs transformers computes with the same
   weights (an HF Llama made here, imported into megatron-core); llmctl's step-1 values equal
-  them within 1e-5 and the gradient of every tensor within 2e-5 of its largest entry (measured 2.5e-6), for the
-  sigmoid loss, IPO, and label smoothing (conservative DPO: (1 - eps) * TRL's sigmoid loss of
+  them within 1e-5 and the gradient of every tensor within 2e-5 of its largest entry
+  (measured <= 3e-6; loss and rewards <= 1e-6), for the sigmoid loss, IPO, and label smoothing (conservative DPO: (1 - eps) * TRL's sigmoid loss of
   the pairs + eps * TRL's sigmoid loss of the swapped pairs). The policy differs from the
   reference (the weights trained are the reference's plus noise), so the log-ratios are not 0;
   TRL's own tokenization of the pairs (chat template) gives the same tokens and masks as
@@ -45,7 +45,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     policy_hf = make_hf_llama(root / "policy_hf", tok, seed=1, noise_of=ref_hf)
     return {
         "tok": tok, "ref_hf": ref_hf, "policy_hf": policy_hf,
-        "ref": import_model(ref_hf, root / "ref"), "policy": import_model(policy_hf, root / "policy"),
+        "ref": import_model(ref_hf, root / "ref"),
+        "policy": import_model(policy_hf, root / "policy"),
     }  # fmt: skip
 
 
@@ -144,11 +145,10 @@ def _trl(models, pairs, beta: float, loss_type: str, tmp: Path):
 def _llmctl_step(models, prefix: str, run_dir: Path, *extra: str):
     """llmctl's first DPO step on every train pack (policy = the noisy weights, reference =
     the starting model): (loss, reward metrics, gradients by HF name, the pairs)."""
-    from llmctl.hf.export import megatron_to_hf_llama
-    from llmctl.train.init_from import _unwrap, init_weights
-
     from llmctl.data.sft import PackedSft
+    from llmctl.hf.export import megatron_to_hf_llama
     from llmctl.train.data import split_range
+    from llmctl.train.init_from import _unwrap, init_weights
 
     n = len(range(*split_range(len(PackedSft(prefix)), SPLIT, 0)))  # every train pack, once
     cfg = _cfg(models, prefix, run_dir, f"train.global_batch_size={n}",
@@ -193,8 +193,10 @@ def test_step_one_equals_trl(loss_type, models, tmp_path):
     trl_loss, theirs, trl_grads = _trl(models, pairs, beta, loss_type, tmp_path)
     diffs = {k: abs(ours[k] - theirs[v]) for k, v in METRICS.items()}
     worst = _same_grads(grads, trl_grads)
-    print(f"measured {loss_type}: {len(pairs)} pairs, loss {loss:.6f} vs TRL {trl_loss:.6f} "
-          f"(|d| {abs(loss - trl_loss):.2e}), reward diffs {diffs}, grad rel {worst:.2e}")  # fmt: skip
+    print(
+        f"measured {loss_type}: {len(pairs)} pairs, loss {loss:.6f} vs TRL {trl_loss:.6f} "
+        f"(|d| {abs(loss - trl_loss):.2e}), reward diffs {diffs}, grad rel {worst:.2e}"
+    )
     assert abs(theirs["rewards/margins"]) > 0.01  # policy != reference: not the trivial step
     assert loss == pytest.approx(trl_loss, abs=1e-5)
     assert all(d <= 1e-5 for d in diffs.values()), diffs
@@ -235,9 +237,12 @@ def test_trl_tokenizes_the_pairs_as_data_prefs_does(models, tmp_path):
     rows = name_pairs(6, seed=5)
     renderer = ChatRenderer(str(models["tok"]))
     tok = AutoTokenizer.from_pretrained(str(models["tok"]))
-    conv = [{"prompt": [{"role": "user", "content": r["prompt"]}],
-             "chosen": [{"role": "assistant", "content": r["chosen"]}],
-             "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows]  # fmt: skip
+    conv = [
+        {"prompt": [{"role": "user", "content": r["prompt"]}],
+         "chosen": [{"role": "assistant", "content": r["chosen"]}],
+         "rejected": [{"role": "assistant", "content": r["rejected"]}]}
+        for r in rows
+    ]  # fmt: skip
     from datasets import Dataset
     from trl import DPOConfig
 
