@@ -6,8 +6,9 @@ Oracles outside llmctl:
   weights (an HF Llama made here, imported into megatron-core); llmctl's step-1 values equal
   them within 1e-5 and the gradient of every tensor within 2e-5 of its largest entry
   (measured <= 3e-6; loss and rewards <= 1e-6), for the sigmoid loss, IPO, and label
-  smoothing (conservative DPO: (1 - eps) * TRL's sigmoid loss of the pairs + eps * TRL's sigmoid loss of the swapped pairs). The policy differs from the
-  reference (the weights trained are the reference's plus noise), so the log-ratios are not 0;
+  smoothing (conservative DPO: (1 - eps) * TRL's sigmoid loss of the pairs + eps * TRL's
+  sigmoid loss of the swapped pairs). The policy differs from the reference (the weights
+  trained are the reference's plus noise), so the log-ratios are not 0;
   TRL's own tokenization of the pairs (chat template) gives the same tokens and masks as
   `llmctl data prefs`;
 - prompt tokens contribute exactly zero: the loss and every gradient are bit-identical when
