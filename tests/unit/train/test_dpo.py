@@ -351,3 +351,42 @@ def test_held_out_preference_accuracy_rises_to_0_9(models, tmp_path):
     assert val[40]["val_reward_accuracy"] >= 0.9
     assert val[40]["val_reward_margin"] > 0 and records[-1]["loss"] < records[0]["loss"]
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+
+
+def test_dpo_without_a_reference_is_one_line_rc2(tmp_path):
+    """No starting model = no reference: refused when the config is composed, before any run
+    directory or rank exists."""
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    run_dir = tmp_path / "run"
+    args = ["train", "recipe=tiny_cpu_sft", "train.objective=dpo", f"train.run_dir={run_dir}",
+            "--dry-run"]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    assert "train.objective=dpo needs a reference model: set checkpoint.init_from" in result.output
+    assert "Traceback" not in result.output and not run_dir.exists()
+
+
+def test_pairs_and_objective_must_agree(models, tmp_path):
+    """Preference packs are refused for next-token training (it would learn the rejected
+    replies), and DPO refuses SFT packs (they hold no pairs)."""
+    from llmctl.data.sft import SftConfig, build_sft
+    from llmctl.data.sft_demo import translate_examples, write_jsonl
+    from llmctl.errors import UserError
+    from llmctl.run.data import resolve_data
+
+    pairs = pairs_prefix(tmp_path, models["tok"], name_pairs(24, seed=3))
+    lm = compose(str(models["ref"] / "recipe.yaml"),
+                 [f"data.prefixes=[{pairs}]", f"train.run_dir={tmp_path / 'a'}",
+                  f"data.split='{SPLIT}'"])  # fmt: skip
+    with pytest.raises(UserError, match=r"holds preference pairs .* train.objective=dpo"):
+        resolve_data(lm)
+    src = write_jsonl(tmp_path / "sft.jsonl", translate_examples(20))
+    sft = str(tmp_path / "sft")
+    build_sft(SftConfig(inputs=[str(src)], output_prefix=sft, tokenizer=str(models["tok"]),
+                        seq_length=64))  # fmt: skip
+    with pytest.raises(UserError, match=r"is not preference pairs .* `llmctl data prefs`"):
+        resolve_data(_cfg(models, sft, tmp_path / "b", f"data.split='{SPLIT}'"))
+    assert resolve_data(_cfg(models, pairs, tmp_path / "c", f"data.split='{SPLIT}'")).pairs
