@@ -84,16 +84,27 @@ def plan(
     cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
     save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
     result = plan_config(cfg, calibrate, save_to, force)
+    from llmctl.run.planning import dpo_plan
+
+    dpo = dpo_plan(cfg, result)  # train.objective=dpo: reference and pair terms
     if as_json:
         from llmctl.plan.report import result_dict
 
-        typer.echo(json.dumps(result_dict(result), indent=2))
+        typer.echo(json.dumps(result_dict(result) | ({"dpo": dpo} if dpo else {}), indent=2))
     else:
         console = Console(highlight=False)
         _render(console, result)
         chosen = result.best or result.closest
         if explain and chosen is not None:
             _explain(console, result, chosen)
+        if dpo:
+            console.print(
+                f"DPO: {dpo['pairs_per_step']:.1f} pairs ({dpo['sequences_per_step']:.0f} "
+                f"sequences) per step; reference {dpo['reference']}: "
+                f"{dpo['reference_table_bytes'] / 2**20:.2f} MiB of log-probs per rank, no "
+                f"weight copy (a frozen copy: {dpo['frozen_copy_bytes'] / 2**30:.2f} GiB/GPU), "
+                f"one forward pass before step 1 ~{dpo['reference_pass_s']:.1f} s"
+            )
     notes = []
     if save_to:
         notes.append(f"calibrated cluster written to {save_to} (use --cluster-file {save_to})")

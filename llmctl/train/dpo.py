@@ -20,9 +20,9 @@ log-probs of the chosen/rejected reply under the policy and the reference):
 The step's loss is the mean over all pairs of the step, whatever the micro-batching: the loss
 function returns (sum over the micro-batch's pairs, number of pairs) to megatron-core's
 `calculate_per_token_loss`, as SFT does with tokens (`llmctl.train.token_loss`). Rewards are
-`beta * (pi - ref)`; metrics.jsonl gets `rewards_chosen`, `rewards_rejected`, `reward_margin`
-and `reward_accuracy` (share of pairs with chosen reward > rejected reward), and the same with
-`val_` after a validation pass.
+`beta * (pi - ref)`; metrics.jsonl gets `rewards_chosen`, `rewards_rejected`, `reward_margin`,
+`reward_accuracy` (share of pairs with chosen reward > rejected reward) and `pairs` (in the
+step), and the same with `val_` after a validation pass.
 
 Reference (`train.dpo.reference=precomputed`): before step 1 the trainer's own model, which at
 step 0 is the starting model (`checkpoint.init_from`), runs forward-only through the same
@@ -319,8 +319,7 @@ class DpoObjective:
                 f"{prefix}reward_margin": float(s[2] - s[3]) / n,
                 f"{prefix}reward_accuracy": float(s[4]) / n,
             }
-            if prefix:
-                out["val_pairs"] = float(s[1])
+            out[f"{prefix}pairs"] = float(s[1])
         self.sums.pop("val", None)
         return out
 

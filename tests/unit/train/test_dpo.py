@@ -321,6 +321,12 @@ def _reference_preference(run_dir: Path, prefix: str, split: str) -> float:
     return wins / total
 
 
+def _hf_tensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
 def test_held_out_preference_accuracy_rises_to_0_9(models, tmp_path):
     import torch
 
@@ -350,6 +356,18 @@ def test_held_out_preference_accuracy_rises_to_0_9(models, tmp_path):
     assert 0.3 <= before <= 0.7  # the task gives a prompt-blind model about half right
     assert val[40]["val_reward_accuracy"] >= 0.9
     assert val[40]["val_reward_margin"] > 0 and records[-1]["loss"] < records[0]["loss"]
+    # the planner's DPO terms are what the run did: the reference table it wrote, the pairs
+    # per step it trained, and the weights a frozen copy would have doubled
+    from llmctl.run.planning import dpo_plan, plan_config
+
+    terms = dpo_plan(cfg, plan_config(cfg))
+    with np.load(run_dir / "dpo_reference.npz") as z:
+        assert terms["reference_table_bytes"] == z["logps"].astype(np.float32).nbytes
+    pairs = np.mean([r["pairs"] for r in records])
+    assert terms["pairs_per_step"] == pytest.approx(pairs, rel=0.1)
+    num_params = sum(t.numel() for t in _hf_tensors(models["ref_hf"]).values())
+    assert terms["frozen_copy_bytes"] == pytest.approx(4 * num_params, rel=0.01)
+    print(f"measured: planner {terms}, pairs per step {pairs:.2f}")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
