@@ -369,7 +369,7 @@ def prefs_cmd(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Preference JSONL -> packed (chosen, rejected) pairs with reply-only loss masks (DPO)."""
+    """Preference JSONL -> packed chosen/rejected pairs, reply-only loss mask (DPO)."""
     from llmctl.data.prefs import PrefsConfig, run_prefs
 
     cfg = PrefsConfig(
