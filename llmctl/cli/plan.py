@@ -101,8 +101,8 @@ def plan(
             console.print(
                 f"DPO: {dpo['pairs_per_step']:.1f} pairs ({dpo['sequences_per_step']:.0f} "
                 f"sequences) per step; reference {dpo['reference']}: "
-                f"{dpo['reference_table_bytes'] / 2**20:.2f} MiB of log-probs per rank, no "
-                f"weight copy (a frozen copy: {dpo['frozen_copy_bytes'] / 2**30:.2f} GiB/GPU), "
+                f"{_size(dpo['reference_table_bytes'])} of log-probs per rank, no weight copy "
+                f"(a frozen copy: {_size(dpo['frozen_copy_bytes'])}/GPU), "
                 f"one forward pass before step 1 ~{dpo['reference_pass_s']:.1f} s"
             )
     notes = []
@@ -114,6 +114,14 @@ def plan(
         notes.append(f"plot written to {plot_plan(result, plot, top_k=cfg.plan.top_k)}")
     for note in notes:
         typer.echo(note, err=as_json)
+
+
+def _size(num_bytes: float) -> str:
+    """Bytes in KiB, MiB or GiB, whichever reads best."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes / 2**10:.1f} KiB"
 
 
 def _bar(ev: Evaluation, hbm_gib: float, width: int = 24) -> Text:
