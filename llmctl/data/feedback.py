@@ -11,7 +11,8 @@ One JSONL line per case a reviewer corrected::
 `llmctl data sft` reads it with the corrected response as the target; `llmctl data prefs`
 reads it as a preference pair, corrected (chosen) vs bad (rejected). Both manifests record, per
 input file, its SHA-256, how many lines of each format it held and the `source` and `model`
-values counted, so a data set names the cases (and the model) it was made from.
+values counted (the 50 most frequent, and how many distinct), so a data set names the cases
+(and the model) it was made from.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 from llmctl.errors import UserError
 
 BAD, CORRECTED = "bad_response", "corrected_response"
+MAX_VALUES = 50
+"""`source`/`model` values a manifest lists per input (the most frequent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +112,13 @@ class Provenance:
                 table.setdefault(path, Counter())[obj[key]] += 1
 
     def of(self, path: Path) -> dict[str, Any]:
-        """The manifest fields of one input (sources/models only when lines named them)."""
+        """The manifest fields of one input (sources/models only when lines named them; the
+        `MAX_VALUES` most frequent of each, with the number of distinct values)."""
         out: dict[str, Any] = {"formats": dict(sorted(self.formats.get(path, Counter()).items()))}
-        if path in self.sources:
-            out["sources"] = dict(sorted(self.sources[path].items()))
-        if path in self.models:
-            out["models"] = dict(sorted(self.models[path].items()))
+        for key, table in (("sources", self.sources), ("models", self.models)):
+            if path in table:
+                top = table[path].most_common(MAX_VALUES)
+                out[key] = dict(sorted(top))
+                if len(table[path]) > MAX_VALUES:
+                    out[f"distinct_{key}"] = len(table[path])
         return out
