@@ -26,7 +26,7 @@ step), and the same with `val_` after a validation pass.
 
 Reference (`train.dpo.reference=precomputed`): before step 1 the trainer's own model, which at
 step 0 is the starting model (`checkpoint.init_from`), runs forward-only through the same
-pipeline schedule over every pack the run will use (train and validation), under
+pipeline schedule over every pack of the train and validation splits, under
 `DpoObjective.reference` (a context manager; `contextlib.nullcontext` here). The sequence
 log-probs go to RUN_DIR/dpo_reference.npz, which a resumed run reads back (its model is no
 longer the starting one). Memory: 4 bytes per sequence (8 per pair) on every rank, and no second
@@ -75,13 +75,12 @@ class ReferenceTable:
         return found if found is not None else np.zeros(self.width, np.float32)
 
     def fingerprint(self, keys: list[tuple[str, int]]) -> str:
-        """Digest of the packs a table covers (their data files' .idx and indices)."""
+        """Digest of the data files a table covers (their .idx files)."""
         h = hashlib.sha256()
         for prefix in sorted({p for p, _ in keys}):
             h.update(prefix.encode())
             with open(prefix + ".idx", "rb") as f:
                 h.update(hashlib.sha256(f.read()).digest())
-        h.update(np.asarray(sorted(j for _, j in keys), dtype=np.int64).tobytes())
         return h.hexdigest()[:16]
 
     def save(self, path: Path, keys: list[tuple[str, int]]) -> None:
@@ -98,10 +97,10 @@ class ReferenceTable:
         tmp.replace(path)
 
     def load(self, path: Path, keys: list[tuple[str, int]]) -> bool:
-        """Read `path` if it covers exactly `keys` of the same data; False if not."""
+        """Read `path` if it covers `keys` of the same data files; False if not."""
         with np.load(path) as z:
             found = list(zip(z["prefixes"].tolist(), z["packs"].tolist(), strict=True))
-            if str(z["fingerprint"]) != self.fingerprint(keys) or set(found) != set(keys):
+            if str(z["fingerprint"]) != self.fingerprint(keys) or not set(keys) <= set(found):
                 return False
             for key, row in zip(found, z["logps"], strict=True):
                 self.rows[(str(key[0]), int(key[1]))] = row.astype(np.float32)
@@ -134,11 +133,9 @@ class DpoSamples(SftSamples):
         return self.item_sample(int(self._order(i // n)[i % n]))
 
     def used_items(self) -> list[int]:
-        """Indices into `items` of every pack the sample stream reaches."""
-        n = len(self.items)
-        if not n:
-            return []
-        return sorted(int(k) for k in self._order(0)[: min(n, self.num_samples)])
+        """Indices into `items` of the packs the reference pass covers: all of the split's
+        (not only those `num_samples` reaches, so a resumed run with more steps finds them)."""
+        return list(range(len(self.items))) if self.num_samples else []
 
 
 class _Listed:

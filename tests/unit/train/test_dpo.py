@@ -408,3 +408,37 @@ def test_pairs_and_objective_must_agree(models, tmp_path):
     with pytest.raises(UserError, match=r"is not preference pairs .* `llmctl data prefs`"):
         resolve_data(_cfg(models, sft, tmp_path / "b", f"data.split='{SPLIT}'"))
     assert resolve_data(_cfg(models, pairs, tmp_path / "c", f"data.split='{SPLIT}'")).pairs
+
+
+def test_resumed_run_reads_the_reference_back_and_continues_bit_for_bit(models, tmp_path):
+    """The reference is the starting model, which a resumed run no longer holds: it reads the
+    saved log-probs back, and its losses equal an uninterrupted run's exactly; without the
+    saved table it refuses to go on."""
+    import torch
+
+    from llmctl.errors import UserError
+    from llmctl.run.rundir import create_run_dir
+    from llmctl.train import run_in_process
+
+    prefix = pairs_prefix(tmp_path, models["tok"], name_pairs(40, seed=2))
+    common = ["train.lr_decay_iters=4", "train.global_batch_size=4", "parallel.micro_batch_size=2",
+              "train.lr=3e-3", "checkpoint.async_save=false", f"data.split='{SPLIT}'"]  # fmt: skip
+
+    def run(run_dir: Path, steps: int, *extra: str, create: bool = True) -> list[float]:
+        cfg = _cfg(models, prefix, run_dir, f"train.train_iters={steps}", *common, *extra)
+        if create:
+            create_run_dir(cfg, None)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return run_in_process(cfg, run_dir).losses
+        finally:
+            torch.set_num_threads(threads)
+
+    full = run(tmp_path / "full", 4)
+    first = run(tmp_path / "part", 2, "checkpoint.interval=2")
+    rest = run(tmp_path / "part", 4, "checkpoint.interval=2", create=False)
+    assert first + rest == full and full[-1] != full[0]
+    (tmp_path / "part" / "dpo_reference.npz").unlink()
+    with pytest.raises(UserError, match="the reference is the starting model"):
+        run(tmp_path / "part", 5, "checkpoint.interval=2", create=False)
