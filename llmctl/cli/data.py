@@ -347,6 +347,42 @@ def sft_cmd(
         _show(summary, f"sft -> {out}" + (" (dry run)" if dry_run else ""))
 
 
+@app.command("prefs")
+def prefs_cmd(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="JSONL files or folders: prompt/messages + chosen/rejected, or feedback."
+        ),
+    ],
+    out: Annotated[str, typer.Option("--out", "-o", help="Writes OUT.bin/.idx + companions.")],
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", "-t", help="Tokenizer folder with a chat_template.")
+    ],
+    seq_length: Annotated[int, typer.Option("--seq-length", help="Training sequence length.")],
+    pack: Annotated[
+        bool, typer.Option("--pack/--no-pack", help="Several pairs per sequence.")
+    ] = True,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only; write nothing.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier `data sft/prefs` output there.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Preference JSONL -> packed chosen/rejected pairs, reply-only loss mask (DPO)."""
+    from llmctl.data.prefs import PrefsConfig, run_prefs
+
+    cfg = PrefsConfig(
+        inputs=inputs, output_prefix=out, tokenizer=tokenizer, seq_length=seq_length,
+        pack=pack, dry_run=dry_run, force=force,
+    )  # fmt: skip
+    summary = run_prefs(cfg, show_progress=not as_json)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        _show(summary, f"prefs -> {out}" + (" (dry run)" if dry_run else ""))
+
+
 @app.command("demo")
 def demo_cmd(
     workdir: Annotated[str, typer.Argument(help="Folder for the demo data (cached).")],

@@ -84,16 +84,27 @@ def plan(
     cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
     save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
     result = plan_config(cfg, calibrate, save_to, force)
+    from llmctl.run.planning import dpo_plan
+
+    dpo = dpo_plan(cfg, result)  # train.objective=dpo: reference and pair terms
     if as_json:
         from llmctl.plan.report import result_dict
 
-        typer.echo(json.dumps(result_dict(result), indent=2))
+        typer.echo(json.dumps(result_dict(result) | ({"dpo": dpo} if dpo else {}), indent=2))
     else:
         console = Console(highlight=False)
         _render(console, result)
         chosen = result.best or result.closest
         if explain and chosen is not None:
             _explain(console, result, chosen)
+        if dpo:
+            console.print(
+                f"DPO: {dpo['pairs_per_step']:.1f} pairs ({dpo['sequences_per_step']:.0f} "
+                f"sequences) per step; reference {dpo['reference']}: "
+                f"{_size(dpo['reference_table_bytes'])} of log-probs per rank, no weight copy "
+                f"(a frozen copy: {_size(dpo['frozen_copy_bytes'])}/GPU), "
+                f"one forward pass before step 1 ~{dpo['reference_pass_s']:.1f} s"
+            )
     notes = []
     if save_to:
         notes.append(f"calibrated cluster written to {save_to} (use --cluster-file {save_to})")
@@ -103,6 +114,14 @@ def plan(
         notes.append(f"plot written to {plot_plan(result, plot, top_k=cfg.plan.top_k)}")
     for note in notes:
         typer.echo(note, err=as_json)
+
+
+def _size(num_bytes: float) -> str:
+    """Bytes in KiB, MiB or GiB, whichever reads best."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes / 2**10:.1f} KiB"
 
 
 def _bar(ev: Evaluation, hbm_gib: float, width: int = 24) -> Text:

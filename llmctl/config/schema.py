@@ -328,6 +328,46 @@ class LoraConfig:
     )
 
 
+class Objective(StrEnum):
+    """What the loss of `llmctl train` is."""
+
+    lm = "lm"
+    dpo = "dpo"
+
+
+class DpoLoss(StrEnum):
+    """DPO loss on the policy/reference log-ratio difference (docs/finetune.md)."""
+
+    sigmoid = "sigmoid"
+    ipo = "ipo"
+
+
+class DpoReference(StrEnum):
+    """How the frozen reference's log-probabilities are obtained."""
+
+    precomputed = "precomputed"
+
+
+@dataclass(kw_only=True)
+class DpoConfig:
+    """Direct preference optimisation (`train.objective=dpo`, docs/finetune.md)."""
+
+    beta: float = doc(0.1, "Strength of the KL constraint to the reference (DPO's beta).")
+    loss: DpoLoss = doc(
+        DpoLoss.sigmoid,
+        "sigmoid: -log sigmoid(beta * margin) (DPO); ipo: (margin per token - 1/(2 beta))^2.",
+    )
+    label_smoothing: float = doc(
+        0.0,
+        "sigmoid only: the share of pairs assumed flipped (conservative DPO), in [0, 0.5).",
+    )
+    reference: DpoReference = doc(
+        DpoReference.precomputed,
+        "precomputed: one forward pass of the starting model over the pairs before step 1, "
+        "kept in RUN_DIR/dpo_reference.npz (no second copy of the weights in memory).",
+    )
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """Optimisation schedule and run bookkeeping."""
@@ -363,6 +403,11 @@ class TrainConfig:
     straggler: StragglerConfig = doc(
         factory=StragglerConfig, text="Straggler detection (docs/monitoring.md)."
     )
+    objective: Objective = doc(
+        Objective.lm,
+        "lm: next-token loss (pretraining, SFT); dpo: preference pairs from `llmctl data prefs`.",
+    )
+    dpo: DpoConfig = doc(factory=DpoConfig, text="DPO options (train.objective=dpo).")
 
 
 @dataclass(kw_only=True)

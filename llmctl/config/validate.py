@@ -28,6 +28,7 @@ def validate(cfg: RootConfig) -> None:
     _validate_health(cfg)
     _validate_straggler(cfg)
     _validate_lora(cfg)
+    _validate_dpo(cfg)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         raise UserError(
             f"data.weights has {len(cfg.data.weights)} entries but data.prefixes has "
@@ -56,6 +57,26 @@ def _validate_minimums(cfg: RootConfig) -> None:
         )
     if t.lr_decay_iters is not None and t.lr_decay_iters < 1:
         raise UserError(f"train.lr_decay_iters must be >= 1 or null, got {t.lr_decay_iters}")
+
+
+def _validate_dpo(cfg: RootConfig) -> None:
+    """DPO's frozen reference is the starting model, so DPO needs one (docs/finetune.md)."""
+    if cfg.train.objective != "dpo":
+        return
+    d = cfg.train.dpo
+    if not cfg.checkpoint.init_from:
+        raise UserError(
+            "train.objective=dpo needs a reference model: set checkpoint.init_from=RUN_DIR|"
+            "CKPT_DIR|hf:DIR (the starting model is the frozen reference)"
+        )
+    if d.beta <= 0:
+        raise UserError(f"train.dpo.beta must be > 0, got {d.beta}")
+    if not 0 <= d.label_smoothing < 0.5:
+        raise UserError(f"train.dpo.label_smoothing must be in [0, 0.5), got {d.label_smoothing}")
+    if d.label_smoothing and d.loss != "sigmoid":
+        raise UserError(f"train.dpo.label_smoothing applies to loss=sigmoid, not {d.loss}")
+    if cfg.parallel.cp not in (None, 1):
+        raise UserError(f"train.objective=dpo supports parallel.cp=1 only, got {cfg.parallel.cp}")
 
 
 def _validate_checkpoint_dir(cfg: RootConfig) -> None:

@@ -103,7 +103,9 @@ class SftSummary:
     num_truncated: int = 0
     num_dropped: int = 0
     max_examples_per_pack: int = 0
-    formats: dict[str, int] = field(default_factory=lambda: {"chat": 0, "prompt_completion": 0})
+    formats: dict[str, int] = field(
+        default_factory=lambda: {"chat": 0, "prompt_completion": 0, "feedback": 0}
+    )
     dry_run: bool = False
 
     @property
@@ -158,12 +160,11 @@ def _prompt_completion(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
 
 
-def parse_example(line: str, where: str) -> tuple[str, list[dict[str, str]]]:
-    """(format, messages) of one JSONL line; `where` is `FILE:LINE` for error messages.
+def load_object(line: str, where: str) -> dict[str, Any]:
+    """The JSON object of one line.
 
     Raises:
-        UserError: invalid JSON, a missing or unknown role, an empty completion or assistant
-            turn, no assistant turn, or neither format.
+        UserError: invalid JSON or not an object, naming `where`.
     """
     try:
         obj = json.loads(line)
@@ -171,6 +172,31 @@ def parse_example(line: str, where: str) -> tuple[str, list[dict[str, str]]]:
         raise _bad(where, f"not valid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
         raise _bad(where, "expected a JSON object")
+    return obj
+
+
+def parse_example(line: str, where: str) -> tuple[str, list[dict[str, str]]]:
+    """(format, messages) of one JSONL line; `where` is `FILE:LINE` for error messages.
+
+    A feedback line (`llmctl.data.feedback`: prompt, bad response, corrected response) is read
+    with the corrected response as the target.
+
+    Raises:
+        UserError: invalid JSON, a missing or unknown role, an empty completion or assistant
+            turn, no assistant turn, or neither format.
+    """
+    return example_from_object(load_object(line, where), where)
+
+
+def example_from_object(obj: dict[str, Any], where: str) -> tuple[str, list[dict[str, str]]]:
+    """(format, messages) of one parsed line (see `parse_example`)."""
+    from llmctl.data.feedback import is_feedback, parse_feedback
+
+    if is_feedback(obj):
+        case = parse_feedback(obj, where)
+        return "feedback", [*case.prompt, {"role": "assistant", "content": case.corrected}]
+    if "chosen" in obj or "rejected" in obj:
+        raise _bad(where, "a preference line (chosen/rejected): use `llmctl data prefs`")
     if "messages" in obj:
         return "chat", _chat(obj["messages"], where)
     if "prompt" in obj or "completion" in obj:
@@ -213,6 +239,21 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         ) from None
 
 
+def iter_objects(paths: list[Path]) -> Iterator[tuple[Path, str, dict[str, Any]]]:
+    """(file, where, JSON object) for every non-blank line of every input, in order.
+
+    Raises:
+        UserError: an unreadable file, a line that is not UTF-8 or not a JSON object, named by
+            file and line.
+    """
+    for path in paths:
+        try:
+            for n, line in _lines(path):
+                yield path, f"{path}:{n}", load_object(line, f"{path}:{n}")
+        except (OSError, EOFError) as e:  # EOFError: a truncated .gz
+            raise UserError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+
+
 def iter_examples(paths: list[Path]) -> Iterator[tuple[str, str, list[dict[str, str]]]]:
     """(where, format, messages) for every non-blank line of every input, in order.
 
@@ -220,12 +261,8 @@ def iter_examples(paths: list[Path]) -> Iterator[tuple[str, str, list[dict[str, 
         UserError: an unreadable file, a line that is not UTF-8, or bad content (see
             `parse_example`), named by file and line.
     """
-    for path in paths:
-        try:
-            for n, line in _lines(path):
-                yield (f"{path}:{n}", *parse_example(line, f"{path}:{n}"))
-        except (OSError, EOFError) as e:  # EOFError: a truncated .gz
-            raise UserError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    for _, where, obj in iter_objects(paths):
+        yield (where, *example_from_object(obj, where))
 
 
 # ---------------------------------------------------------------- rendering and masks
@@ -306,9 +343,13 @@ class ChatRenderer:
             spans.append((len(before), len(upto)))
         return full, spans
 
-    def encode(self, messages: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, loss mask) of one example: mask 1 on response tokens."""
+    def encode(
+        self, messages: list[dict[str, str]], where: str, first: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, loss mask) of one example: mask 1 on the response tokens of the
+        assistant messages from index `first` on (DPO: earlier turns are the prompt)."""
         text, spans = self.response_spans(messages, where)
+        spans = spans[sum(m["role"] == "assistant" for m in messages[:first]) :]
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
         starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
@@ -393,7 +434,13 @@ class Packer:
 
     def add(self, tokens: np.ndarray, mask: np.ndarray) -> None:
         """Place one example (already cut to at most `size` tokens)."""
-        n = len(tokens)
+        target = self._place(len(tokens))
+        target.tokens.append(tokens)
+        target.masks.append(mask)
+        target.used += len(tokens)
+
+    def _place(self, n: int) -> _Pack:
+        """The open pack that takes `n` more tokens (best fit; a new one if none fits)."""
         fits = [p for p in self.open if p.used + n <= self.size]
         if self.window == 1:
             fits = [p for p in fits if not p.tokens]
@@ -406,9 +453,7 @@ class Packer:
                 self._finish(fullest)
             target = _Pack()
             self.open.append(target)
-        target.tokens.append(tokens)
-        target.masks.append(mask)
-        target.used += n
+        return target
 
     def close(self) -> None:
         """Emit every open pack, in the order they were opened."""
@@ -434,7 +479,7 @@ SFT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 """Files an input folder is searched for."""
 
 
-def _input_paths(inputs: list[str]) -> list[Path]:
+def input_paths(inputs: list[str]) -> list[Path]:
     paths = []
     for item in inputs:
         p = Path(item)
@@ -454,14 +499,14 @@ def output_prefixes(prefix: str | Path) -> tuple[str, str, str]:
     return str(prefix), f"{prefix}{MASK_SUFFIX}", f"{prefix}{DOCS_SUFFIX}"
 
 
-def _check_outputs(prefix: str, force: bool) -> None:
+def check_outputs(prefix: str, force: bool) -> None:
     """Refuse existing outputs unless `force`, files llmctl did not write always, and a place
     that cannot be written."""
     from llmctl.staging import check_writable_parent
 
     check_writable_parent(Path(f"{prefix}.llmctl-tmp"))
     record = read_json(manifest_path(prefix))
-    ours = record is not None and record.get("kind") == KIND
+    ours = record is not None and record.get("kind") in PACKED_KINDS
     paths = [manifest_path(prefix)]
     for p in output_prefixes(prefix):
         paths += [indexed.bin_path(p), indexed.idx_path(p)]
@@ -472,7 +517,7 @@ def _check_outputs(prefix: str, force: bool) -> None:
             raise not_ours_error(path)
 
 
-class _Writers:
+class Writers:
     """The three shard writers under the work folder."""
 
     def __init__(self, work: Path, token_dtype: type) -> None:
@@ -492,7 +537,7 @@ class _Writers:
             w.close()
 
 
-def _check_config(cfg: SftConfig) -> None:
+def check_config(cfg: Any) -> None:
     if cfg.seq_length < 2:
         raise UserError(f"--seq-length {cfg.seq_length}: expected at least 2")
     if cfg.seq_length + 1 > np.iinfo(np.uint16).max:
@@ -510,10 +555,10 @@ def build_sft(cfg: SftConfig, on_progress: Callable[[int, int], None] | None = N
         UserError: bad input (one line naming the file and line); nothing is left under the
             final names.
     """
-    _check_config(cfg)
-    paths = _input_paths(cfg.inputs)
+    check_config(cfg)
+    paths = input_paths(cfg.inputs)
     if not cfg.dry_run:
-        _check_outputs(cfg.output_prefix, cfg.force)
+        check_outputs(cfg.output_prefix, cfg.force)
     renderer = ChatRenderer(cfg.tokenizer)
     work = Path(f"{cfg.output_prefix}.llmctl-tmp")
     summary = SftSummary(
@@ -544,7 +589,7 @@ def _run(
             raise UserError(
                 f"--out {cfg.output_prefix}: cannot write there ({e.strerror})"
             ) from None
-        writers = _Writers(work, indexed.token_dtype(renderer.vocab_size))
+        writers = Writers(work, indexed.token_dtype(renderer.vocab_size))
 
     def emit(tokens: np.ndarray, mask: np.ndarray, docs: np.ndarray) -> None:
         summary.num_packs += 1
@@ -553,8 +598,13 @@ def _run(
         if writers is not None:
             writers.write(tokens, mask, docs)
 
+    from llmctl.data.feedback import Provenance
+
     packer = Packer(cfg.seq_length + 1, renderer.pad_id, emit, pack=cfg.pack)
-    for where, fmt, messages in iter_examples(paths):
+    provenance = Provenance()
+    for path, where, obj in iter_objects(paths):
+        fmt, messages = example_from_object(obj, where)
+        provenance.note(path, fmt, obj)
         _add_example(renderer, packer, summary, where, fmt, messages)
         if on_progress is not None:
             on_progress(summary.num_examples, summary.num_tokens)
@@ -563,7 +613,7 @@ def _run(
         raise UserError(_nothing_kept(cfg, summary))
     if writers is not None:
         writers.close()
-        _commit(cfg, paths, renderer, work, writers, summary)
+        _commit(cfg, paths, renderer, work, writers, summary, provenance)
 
 
 def _nothing_kept(cfg: SftConfig, summary: SftSummary) -> str:
@@ -604,30 +654,50 @@ def _commit(
     paths: list[Path],
     renderer: ChatRenderer,
     work: Path,
-    writers: _Writers,
+    writers: Writers,
     summary: SftSummary,
+    provenance: Any,
 ) -> None:
+    manifest = packed_manifest(KIND, cfg, paths, renderer, provenance, summary.as_dict())
+    commit_packs(cfg.output_prefix, work, writers, manifest)
+
+
+def packed_manifest(
+    kind: str, cfg: Any, paths: list[Path], renderer: ChatRenderer, provenance: Any, counts: Any
+) -> dict[str, Any]:
+    """The manifest of packs at `cfg.output_prefix` (`data sft` and `data prefs`)."""
     finals = output_prefixes(cfg.output_prefix)
-    manifest = {
+    return {
         **stamp(),
-        "kind": KIND,
+        "kind": kind,
         "prefix": Path(cfg.output_prefix).name,
         "seq_length": cfg.seq_length,
         "pack": cfg.pack,
         "dtype": np.dtype(indexed.token_dtype(renderer.vocab_size)).name,
         "companions": {"loss_mask": Path(finals[1]).name, "doc_ids": Path(finals[2]).name},
         "inputs": [
-            {"path": str(p), "num_bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in paths
+            {
+                "path": str(p),
+                "num_bytes": p.stat().st_size,
+                "sha256": file_sha256(p),
+                **provenance.of(p),
+            }
+            for p in paths
         ],
         "tokenizer": renderer.identity(),
-        "counts": summary.as_dict(),
+        "counts": counts,
     }
+
+
+def commit_packs(prefix: str, work: Path, writers: Writers, manifest: dict[str, Any]) -> None:
+    """Rename the packs under `work` to `prefix`, manifest last."""
+    finals = output_prefixes(prefix)
     write_json_atomic(work / "manifest.json", manifest)
     moves = []
     for tmp, final in zip(writers.prefixes, finals, strict=True):
         moves.append((indexed.bin_path(tmp), indexed.bin_path(final)))
         moves.append((indexed.idx_path(tmp), indexed.idx_path(final)))
-    commit(moves, work / "manifest.json", manifest_path(cfg.output_prefix))
+    commit(moves, work / "manifest.json", manifest_path(prefix))
     shutil.rmtree(work)
 
 
@@ -670,10 +740,14 @@ def run_sft(cfg: SftConfig, show_progress: bool = True, interval_s: float = 10.0
 # ---------------------------------------------------------------- readers (no torch)
 
 
+PACKED_KINDS = (KIND, "prefs-packed")
+"""Manifest kinds of masked packs: SFT examples, and DPO pairs (`llmctl.data.prefs`)."""
+
+
 def sft_manifest(prefix: str) -> dict[str, Any] | None:
-    """The manifest of an SFT dataset at `prefix`, or None if `prefix` is not one."""
+    """The manifest of an SFT (or DPO pairs) dataset at `prefix`, or None if it is neither."""
     record = read_json(manifest_path(prefix))
-    return record if record is not None and record.get("kind") == KIND else None
+    return record if record is not None and record.get("kind") in PACKED_KINDS else None
 
 
 def packed_seq_length(prefixes: list[str]) -> int | None:

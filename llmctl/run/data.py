@@ -34,6 +34,8 @@ class DataSpec:
     cache_dir: str
     sft: bool = False
     """The prefixes are packed SFT datasets (`llmctl data sft`)."""
+    pairs: bool = False
+    """The prefixes are packed DPO pairs (`llmctl data prefs`; `sft` is true too)."""
 
 
 def default_cache_dir(cfg: RootConfig) -> Path:
@@ -165,6 +167,9 @@ def resolve_data(cfg: RootConfig) -> DataSpec:
             f"data.weights has {len(weights)} entries but data.prefixes has {len(prefixes)}"
         )
     sft = _check_sft(cfg, prefixes)
+    from llmctl.run.dpo import check_pairs
+
+    pairs = check_pairs(cfg, prefixes)  # train.objective=dpo <=> `llmctl data prefs` packs
     tok_path, vocab, eod = _tokenizer_facts(prefixes, cfg.data.tokenizer)
     if vocab is not None and vocab > cfg.model.vocab_size:
         raise UserError(
@@ -179,6 +184,7 @@ def resolve_data(cfg: RootConfig) -> DataSpec:
         eod_id=eod,
         cache_dir=str(default_cache_dir(cfg)),
         sft=sft,
+        pairs=pairs,
     )
 
 

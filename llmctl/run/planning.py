@@ -7,7 +7,7 @@ frozen). It also reads the `perf.json` records that `--calibrate RUN_DIR` points
 from __future__ import annotations
 
 import json
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -478,3 +478,31 @@ def _lora_fields(cfg: RootConfig) -> dict[str, Any]:
         return {}
     lora = cfg.train.lora
     return {"lora_rank": lora.rank, "lora_targets": tuple(lora.target_modules)}
+
+
+def dpo_plan(cfg: RootConfig, result: PlanResult) -> dict[str, Any] | None:
+    """The DPO terms (`llmctl.plan.dpo`) of the chosen layout, from the packs' manifests;
+    None unless `train.objective=dpo` with `llmctl data prefs` packs and a layout."""
+    from llmctl.data.sft import sft_manifest
+    from llmctl.plan.dpo import DpoSpec, dpo_terms
+
+    manifests = [sft_manifest(p) for p in cfg.data.prefixes]
+    chosen = result.best or result.closest
+    if str(cfg.train.objective) != "dpo" or not manifests or chosen is None:
+        return None
+    if any(m is None or m.get("kind") != "prefs-packed" for m in manifests):
+        return None
+    counts = [m["counts"] for m in manifests if m is not None]
+    spec = DpoSpec(
+        num_pairs=sum(int(c["num_pairs"]) - int(c["num_dropped"]) for c in counts),
+        num_packs=sum(int(c["num_packs"]) for c in counts),
+        sequences_per_pack=max(int(c["max_examples_per_pack"]) for c in counts),
+        global_batch_size=cfg.train.global_batch_size,
+    )
+    terms = dpo_terms(
+        spec,
+        compute_s=chosen.time.compute_s,
+        overhead_s=chosen.time.overhead_s,
+        weights_bytes=chosen.memory.weights_gib * 2**30,
+    )
+    return {"reference": str(cfg.train.dpo.reference), **asdict(terms)}

@@ -50,6 +50,10 @@ def build_datasets(
 
     Must be called on every rank (the builder synchronises index caching across ranks).
     """
+    if getattr(spec, "pairs", False):  # DPO pairs (llmctl.train.dpo)
+        from llmctl.train.dpo import build_pair_datasets
+
+        return build_pair_datasets(cfg, spec, num_train_samples, num_valid_samples)
     if spec.sft:
         return build_sft_datasets(cfg, spec, num_train_samples, num_valid_samples)
     from megatron.core.datasets.blended_megatron_dataset_builder import (
@@ -80,6 +84,10 @@ def build_datasets(
     return train, valid
 
 
+EXTRA_KEYS = ("doc_ids", "ref_logps")
+"""Sample fields batched when present: DPO's (llmctl.train.dpo)."""
+
+
 class MicroBatches:
     """Iterator over this DP rank's micro-batches, megatron pretraining-sampler order.
 
@@ -108,7 +116,7 @@ class MicroBatches:
         n = len(self.dataset)
         samples = [self.dataset[(start + i) % n] for i in range(self.mbs)]
         self.consumed_samples += self.mbs * self.dp
-        keys = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+        keys = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask", *EXTRA_KEYS)
         return {
             k: torch.stack([torch.as_tensor(s[k]) for s in samples])
             for k in keys

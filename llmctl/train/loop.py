@@ -215,6 +215,9 @@ class Trainer:
             train_iters=iters,
         )
         self.guard: Any = None  # llmctl.train.divergence.DivergenceGuard (train.health)
+        from llmctl.train.dpo import objective_for
+
+        self.dpo = objective_for(cfg)  # train.objective=dpo: pairs, reference, rewards
 
     def _data_arg(self, iters: list[Any]) -> Any:
         return iters if len(iters) > 1 else iters[0]
@@ -224,7 +227,9 @@ class Trainer:
 
         fb = get_forward_backward_func()
         return fb(  # type: ignore[no-any-return]
-            forward_step_func=partial(_forward_step, device=self.device),
+            forward_step_func=partial(
+                self.dpo.forward_step if self.dpo else _forward_step, device=self.device
+            ),
             data_iterator=self._data_arg(iters),
             model=self.model if len(self.model) > 1 else self.model[0],
             num_microbatches=self.layout.num_microbatches(self.cfg.train.global_batch_size),
@@ -239,6 +244,8 @@ class Trainer:
             m.zero_grad_buffer()
         self.optimizer.zero_grad()
         losses = self._forward_backward(self.state.train_iters, forward_only=False)
+        if self.dpo is not None:
+            self.dpo.observe(losses, self.device)
         loss = _reduce_loss(losses, self.device)  # before the step: the divergence check
         if self.guard is not None:  # llmctl.train.divergence: checks, then steps
             ok, grad_norm = self.guard.step(self.optimizer, loss, self.state)
@@ -267,7 +274,10 @@ class Trainer:
         total = 0.0
         with torch.no_grad():
             for _ in range(self.cfg.train.eval_iters):
-                total += _reduce_loss(self._forward_backward(iters, True), self.device)
+                out = self._forward_backward(iters, True)
+                if self.dpo is not None:
+                    self.dpo.observe(out, self.device, val=True)
+                total += _reduce_loss(out, self.device)
         for m in self.model:
             m.train()
         return float(total / max(self.cfg.train.eval_iters, 1))

@@ -88,6 +88,7 @@ class _Observer:
         self.prom: Any = None  # llmctl.run.prom.RankExporter, every rank (train.metrics)
         self.run_dir = run_dir
         self.events: list[dict[str, Any]] = []  # health events of the step being trained
+        self.extra: dict[str, Any] = {}  # objective metrics of the step (DPO rewards)
 
     def step(
         self,
@@ -129,7 +130,7 @@ class _Observer:
             rank_cpu=self.rank_cpu,
         )
         events, self.events = self.events, []
-        self._write_metrics(asdict(m) | ({"events": events} if events else {}))
+        self._write_metrics(asdict(m) | self.extra | ({"events": events} if events else {}))
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in asdict(m).items() if v is not None}, step=step)
         eta = steady_state_step_s(self.step_times) * (self.total - step)
@@ -281,6 +282,8 @@ def _train_loop(
         from llmctl.train.init_from import init_weights
 
         init_weights(trainer.state, cfg, run_dir)
+    if trainer.dpo is not None:  # the reference's log-probs, before step 1 (llmctl.train.dpo)
+        trainer.dpo.prepare(trainer, run_dir)
     obs = _Observer(cfg, run_dir, layout, on_gpu, rank, trainer.state.step)
     t = cfg.train
     report = None
@@ -317,6 +320,7 @@ def _train_loop(
                 log_now = step % max(t.log_interval, 1) == 0 or step == t.train_iters
                 lr = trainer.current_lr()
                 consumed = trainer.state.consumed_samples
+                obs.extra = trainer.dpo.metrics() if trainer.dpo is not None else {}
                 obs.step(step, loss, grad_norm, lr, dt, consumed, val, log_now)
                 ckpt.after_step(trainer.state)
         wd.stop()  # the final save is not timed
