@@ -81,7 +81,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 
 @pytest.fixture
-def s3_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., S3Server]]:
+def s3_server_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., S3Server]]:
     """Start servers of a test's own (to kill, stop or restart; data in `data_dir` if given,
     e.g. a small filesystem); all stopped at its end."""
     servers: list[S3Server] = []
