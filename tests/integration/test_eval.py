@@ -1,0 +1,176 @@
+"""`llmctl eval` against its oracles: lm-evaluation-harness's own command line and transformers.
+
+- The task numbers of `llmctl eval DIR` equal those of `python -m lm_eval --model hf
+  --model_args pretrained=DIR,dtype=float32 --tasks llmctl_arith --include_path TASKS` run
+  directly on the same directory and task files (identical floats).
+- llmctl's perplexity equals transformers' own loss (labels=) on the same tokens, tokenized
+  here with the `tokenizers` library, within 1e-5 relative.
+- `--vs` gives each model the numbers a separate run gives it, and OTHER - SOURCE as deltas.
+
+Two tiny Llamas made here with transformers (different seeds), with a BPE tokenizer trained on
+text that holds the task's digits (so every choice is real tokens, not `<unk>`). One `llmctl
+eval A --vs B` run is shared by the asserts (module fixture): the harness starts slowly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.eval.tasks import TASK_FILES, write_shipped_tasks
+
+pytestmark = pytest.mark.slow
+
+TEXT = [
+    "the quick brown fox jumps over the lazy dog",
+    "a journey of a thousand miles begins with a single step",
+    "to be or not to be that is the question",
+    "all that glitters is not gold and all who wander are not lost",
+]
+
+
+def _tokenizer_texts() -> list[str]:
+    rows = [json.loads(x) for x in (TASK_FILES / "llmctl_arith.jsonl").read_text().splitlines()]
+    arith = [f"Question: {r['question']} Answer: {' '.join(r['choices'])}" for r in rows]
+    return TEXT * 10 + arith
+
+
+def make_llama(out: Path, seed: int) -> Path:
+    """A random 2-layer Llama with a BPE tokenizer (eos </s>), saved as a model directory."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator(_tokenizer_texts(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(str(out))
+    fast.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("eval")
+    held = root / "held.jsonl"
+    docs = [
+        " ".join(TEXT[(i + j) % 4] for j in range(3)) + f" {i} + {i} = {2 * i}" for i in range(30)
+    ]
+    held.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return {"a": make_llama(root / "a", 0), "b": make_llama(root / "b", 1), "held": held,
+            "root": root}  # fmt: skip
+
+
+def _eval_json(*args: str) -> dict[str, Any]:
+    res = CliRunner().invoke(app, ["eval", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def report(models: dict[str, Path]) -> dict[str, Any]:
+    """One `llmctl eval A --vs B` run, shared by the asserts."""
+    return _eval_json(str(models["a"]), "--vs", str(models["b"]), "--data", str(models["held"]))
+
+
+def _lm_eval_direct(model_dir: Path, tasks_dir: Path, out: Path) -> dict[str, Any]:
+    """`python -m lm_eval` on the directory, as the harness's docs say to run it offline."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    argv = [sys.executable, "-m", "lm_eval", "--model", "hf",
+            "--model_args", f"pretrained={model_dir},dtype=float32", "--tasks", "llmctl_arith",
+            "--include_path", str(tasks_dir), "--device", "cpu", "--output_path", str(out)]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.rglob("results_*.json")
+    return json.loads(path.read_text())["results"]["llmctl_arith"]
+
+
+def test_task_numbers_equal_lm_eval_run_directly(models: dict[str, Path], report: dict) -> None:
+    tasks_dir = write_shipped_tasks(models["root"] / "tasks")
+    direct = _lm_eval_direct(models["a"], tasks_dir, models["root"] / "lm_eval_out")
+    ours = report["models"][0]["tasks"]["llmctl_arith"]
+    assert direct["sample_len"] == 100
+    for metric in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
+        assert ours[metric] == direct[f"{metric},none"], metric
+    assert 0.0 < ours["acc"] < 1.0  # a real choice was made: not all ties on <unk>
+
+
+def _transformers_perplexity(model_dir: Path, held: Path, seq_len: int, limit: int) -> float:
+    """Documents tokenized with `tokenizers` (no specials), each followed by </s>; windows of
+    seq_len scored one at a time by transformers' own loss (labels=input_ids)."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    eos = tok.token_to_id("</s>")
+    ids: list[int] = []
+    for line in held.read_text().splitlines():
+        ids += [*tok.encode(json.loads(line)["text"], add_special_tokens=False).ids, eos]
+    ids = ids[:limit]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    n, total = len(ids) // seq_len, 0.0
+    with torch.no_grad():
+        for w in range(n):
+            window = torch.tensor([ids[w * seq_len : (w + 1) * seq_len]])
+            total += float(model(input_ids=window, labels=window).loss) * (seq_len - 1)
+    return math.exp(total / (n * (seq_len - 1)))
+
+
+def test_perplexity_equals_transformers(models: dict[str, Path], report: dict) -> None:
+    for key, ours in zip("ab", report["models"], strict=True):
+        assert ours["seq_len"] == 64  # --seq-len 512 capped at max_position_embeddings
+        assert ours["perplexity_windows"] >= 4
+        ref = _transformers_perplexity(models[key], models["held"], 64, 16384)
+        assert ours["perplexity"] == pytest.approx(ref, rel=1e-5), key
+        assert ours["predicted_tokens"] == ours["perplexity_windows"] * 63
+
+
+def test_vs_equals_separate_runs(models: dict[str, Path], report: dict) -> None:
+    alone = _eval_json(str(models["b"]), "--data", str(models["held"]))["models"][0]
+    side = report["models"][1]
+    assert side["tasks"] == alone["tasks"]
+    assert side["perplexity"] == alone["perplexity"]
+    first = report["models"][0]
+    assert first["tasks"] != side["tasks"] or first["perplexity"] != side["perplexity"]
+    deltas = report["deltas"]
+    assert deltas["perplexity"] == side["perplexity"] - first["perplexity"]
+    acc = side["tasks"]["llmctl_arith"]["acc"] - first["tasks"]["llmctl_arith"]["acc"]
+    assert deltas["tasks"]["llmctl_arith"]["acc"] == acc
+
+
+def test_table_shows_both_models_and_deltas(report: dict, capsys: Any) -> None:
+    from llmctl.cli.eval import _render
+
+    _render(report)
+    out = capsys.readouterr().out
+    delta = report["deltas"]["perplexity"]
+    assert "llmctl_arith acc" in out and "perplexity" in out and f"{delta:+.4f}" in out
+    for m in report["models"]:
+        assert f"{m['perplexity']:.4f}" in out
+
+
+def test_dry_run_names_the_harness_command(models: dict[str, Path]) -> None:
+    res = CliRunner().invoke(app, ["eval", str(models["a"]), "--vs", str(models["b"]), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "python -m lm_eval --model hf" in res.output
+    assert f"pretrained={models['b'].resolve()},dtype=float32" in res.output.replace("\n", "")
