@@ -128,7 +128,7 @@ def eval_cmd(
     json_out: JsonOpt = False,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Evaluate a model with lm-evaluation-harness (local tasks) and held-out perplexity."""
+    """Evaluate models with lm-evaluation-harness (local tasks) and held-out perplexity."""
     from llmctl.eval.evaluate import EvalRequest, plan_eval, run_eval
 
     request = EvalRequest(

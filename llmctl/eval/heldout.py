@@ -1,11 +1,11 @@
 """Held-out tokens for perplexity: a user's file or a run's own validation split.
 
-Why the validation split is cut this way: megatron-core's GPTDataset splits an indexed dataset
-by documents, with bookends `round(part / sum(parts) * num_documents)` accumulated over the
-parts of `data.split` ("98,2,0": the first 98 % of documents train, the next 2 % validate), the
-rounding `llmctl.run.data.check_split` already mirrors. So the run's validation split is the
-token range of documents [bookend 1, bookend 2), read through a memory map (memory does not grow
-with the corpus); the first `--eval-tokens` of it are scored.
+Why the validation split is cut this way: megatron-core's dataset builder splits a GPT indexed
+dataset by sequences (one per document in llmctl's data), at `int(round(c * num_sequences))`
+for the cumulative normalized parts c of `data.split` ("98,2,0": sequences [0, round(.98 n))
+train, [round(.98 n), round(n)) validate). So the run's validation split is the token range of
+those sequences, read through a memory map (memory does not grow with the corpus); the first
+`--eval-tokens` of it are scored.
 
 Other data (`--data`): a JSONL (`{"text": ...}` per line) or text file is tokenized with each
 model's own tokenizer, documents joined by its end-of-document token (the reader of `llmctl
@@ -36,41 +36,40 @@ class HeldOut:
         return {"data": self.data, "what": self.what}
 
 
-def split_bookends(num_documents: int, split: str) -> list[int]:
-    """Document bookends of megatron-core's split (train, validation, test)."""
+def validation_range(num_sequences: int, split: str) -> tuple[int, int]:
+    """Sequences [begin, end) of the validation part, as megatron-core's builder cuts them."""
     parts = [float(x) for x in split.replace("/", ",").split(",")]
     parts = [*parts, 0.0, 0.0, 0.0][:3]
-    bookends = [0]
-    for part in parts:
-        bookends.append(bookends[-1] + round(part / sum(parts) * num_documents))
-    return bookends
+    train, valid = parts[0] / sum(parts), parts[1] / sum(parts)
+    return round(train * num_sequences), round((train + valid) * num_sequences)
 
 
 def validation_tokens(prefix: str, split: str) -> np.ndarray:
-    """The tokens of the validation documents of an indexed dataset (a memory map slice).
+    """The tokens of the validation sequences of an indexed dataset (a memory-map slice).
 
     Raises:
-        UserError: Missing files, or a split whose validation part holds no document.
+        UserError: Missing files, or a split whose validation part holds no sequence.
     """
-    from llmctl.data.indexed import read_doc_indices, read_lengths
+    from llmctl.data.indexed import read_lengths
     from llmctl.quant.calibration import open_tokens
     from llmctl.run.data import check_split
 
-    check_split(prefix, split)  # the one wording of a split that leaves validation empty
-    tokens = open_tokens(prefix)
-    doc_index, lengths = read_doc_indices(prefix), read_lengths(prefix)
+    check_split(prefix, split)  # the one wording of a malformed split
+    lengths = read_lengths(prefix)
+    begin, end = validation_range(len(lengths), split)
+    if end <= begin:
+        raise UserError(f"data prefix {prefix}: the validation part of data.split={split} is empty")
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    first, end = split_bookends(len(doc_index) - 1, split)[1:3]
-    return tokens[int(offsets[doc_index[first]]) : int(offsets[doc_index[end]])]
+    return open_tokens(prefix)[int(offsets[begin]) : int(offsets[end])]
 
 
 def run_heldout(prefix: str, split: str) -> HeldOut:
     """A run's own held-out data: the validation split of its first prefix."""
-    from llmctl.run.data import num_documents
+    from llmctl.data.indexed import read_header
 
-    n = num_documents(prefix)
-    first, end = split_bookends(n, split)[1:3]
-    what = f"validation split of {prefix} (documents {first}-{end - 1} of {n}, split {split})"
+    n = read_header(prefix).num_sequences
+    begin, end = validation_range(n, split)
+    what = f"validation split of {prefix} (sequences {begin}-{end - 1} of {n}, split {split})"
     return HeldOut(data=prefix, what=what, split=split)
 
 

@@ -79,7 +79,7 @@ def _tag_tolerant_loader() -> type:
     """A safe YAML loader that reads harness tags (`!function utils.process_docs`) as None."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types here
         pass
 
     Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
@@ -94,13 +94,13 @@ def user_task_names(tasks_dir: Path) -> dict[str, Path]:
     """
     import yaml
 
-    _TagTolerantLoader = _tag_tolerant_loader()
+    loader = _tag_tolerant_loader()
     if not tasks_dir.is_dir():
         raise UserError(f"--tasks-dir {tasks_dir} is not a folder")
     found: dict[str, Path] = {}
     for path in sorted([*tasks_dir.rglob("*.yaml"), *tasks_dir.rglob("*.yml")]):
         try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_TagTolerantLoader)
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
         except (yaml.YAMLError, UnicodeDecodeError):
             continue  # not a YAML document: the harness would not read it either
         name = data.get("task") if isinstance(data, dict) else None

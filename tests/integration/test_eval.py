@@ -15,7 +15,6 @@ eval A --vs B` run is shared by the asserts (module fixture): the harness starts
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -23,49 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eval_support import TEXT, make_llama, transformers_perplexity
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.eval.tasks import TASK_FILES, write_shipped_tasks
+from llmctl.eval.tasks import write_shipped_tasks
 
 pytestmark = pytest.mark.slow
-
-TEXT = [
-    "the quick brown fox jumps over the lazy dog",
-    "a journey of a thousand miles begins with a single step",
-    "to be or not to be that is the question",
-    "all that glitters is not gold and all who wander are not lost",
-]
-
-
-def _tokenizer_texts() -> list[str]:
-    rows = [json.loads(x) for x in (TASK_FILES / "llmctl_arith.jsonl").read_text().splitlines()]
-    arith = [f"Question: {r['question']} Answer: {' '.join(r['choices'])}" for r in rows]
-    return TEXT * 10 + arith
-
-
-def make_llama(out: Path, seed: int) -> Path:
-    """A random 2-layer Llama with a BPE tokenizer (eos </s>), saved as a model directory."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"])
-    tok.train_from_iterator(_tokenizer_texts(), trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(str(out))
-    fast.save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +58,9 @@ def report(models: dict[str, Path]) -> dict[str, Any]:
 def _lm_eval_direct(model_dir: Path, tasks_dir: Path, out: Path) -> dict[str, Any]:
     """`python -m lm_eval` on the directory, as the harness's docs say to run it offline."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    argv = [sys.executable, "-m", "lm_eval", "--model", "hf",
-            "--model_args", f"pretrained={model_dir},dtype=float32", "--tasks", "llmctl_arith",
-            "--include_path", str(tasks_dir), "--device", "cpu", "--output_path", str(out)]  # fmt: skip
+    argv = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+            f"pretrained={model_dir},dtype=float32", "--tasks", "llmctl_arith", "--include_path",
+            str(tasks_dir), "--device", "cpu", "--output_path", str(out)]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = out.rglob("results_*.json")
@@ -114,33 +77,11 @@ def test_task_numbers_equal_lm_eval_run_directly(models: dict[str, Path], report
     assert 0.0 < ours["acc"] < 1.0  # a real choice was made: not all ties on <unk>
 
 
-def _transformers_perplexity(model_dir: Path, held: Path, seq_len: int, limit: int) -> float:
-    """Documents tokenized with `tokenizers` (no specials), each followed by </s>; windows of
-    seq_len scored one at a time by transformers' own loss (labels=input_ids)."""
-    import torch
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM
-
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    eos = tok.token_to_id("</s>")
-    ids: list[int] = []
-    for line in held.read_text().splitlines():
-        ids += [*tok.encode(json.loads(line)["text"], add_special_tokens=False).ids, eos]
-    ids = ids[:limit]
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    n, total = len(ids) // seq_len, 0.0
-    with torch.no_grad():
-        for w in range(n):
-            window = torch.tensor([ids[w * seq_len : (w + 1) * seq_len]])
-            total += float(model(input_ids=window, labels=window).loss) * (seq_len - 1)
-    return math.exp(total / (n * (seq_len - 1)))
-
-
 def test_perplexity_equals_transformers(models: dict[str, Path], report: dict) -> None:
     for key, ours in zip("ab", report["models"], strict=True):
         assert ours["seq_len"] == 64  # --seq-len 512 capped at max_position_embeddings
         assert ours["perplexity_windows"] >= 4
-        ref = _transformers_perplexity(models[key], models["held"], 64, 16384)
+        ref = transformers_perplexity(models[key], models["held"], 64, 16384)
         assert ours["perplexity"] == pytest.approx(ref, rel=1e-5), key
         assert ours["predicted_tokens"] == ours["perplexity_windows"] * 63
 
