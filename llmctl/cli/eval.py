@@ -44,7 +44,8 @@ def _render(data: dict[str, Any]) -> None:
     table = Table(title="llmctl eval")
     table.add_column("")
     for m in models:
-        table.add_column(f"{Path(m['path']).name}{'@' + str(m['step']) if m['step'] else ''}",
+        step = "" if m["step"] is None else f"@{m['step']}"
+        table.add_column(f"{Path(m['path']).name}{step}",
                          justify="right")  # fmt: skip
     if len(models) == 2:
         table.add_column("delta", justify="right")
@@ -125,6 +126,13 @@ def eval_cmd(
     no_perplexity: Annotated[
         bool, typer.Option("--no-perplexity", help="Run the tasks only.")
     ] = False,
+    write_tasks: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-tasks",
+            help="Also write llmctl's task YAMLs into DIR (the shown lm_eval command reads them).",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -135,7 +143,7 @@ def eval_cmd(
         source=source, vs=vs, tasks=tuple(task or ("llmctl_arith",)), tasks_dir=tasks_dir,
         data=data, tokenizer=tokenizer, step=step, vs_step=vs_step, seq_len=seq_len,
         num_eval_tokens=eval_tokens, batch_size=batch_size, limit=limit, device=device,
-        perplexity=not no_perplexity,
+        perplexity=not no_perplexity, write_tasks=write_tasks,
     )  # fmt: skip
     plan = plan_eval(request)
     if dry_run:

@@ -54,6 +54,7 @@ class EvalRequest:
     limit: int | None = None
     device: str = "cpu"
     perplexity: bool = True
+    write_tasks: Path | None = None  # also write llmctl's task YAMLs here (for lm_eval itself)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +93,8 @@ class EvalPlan:
             if source.kind is SourceKind.RUN_DIR
             else source.path.resolve()
         )
-        dirs = [Path("LLMCTL_TASKS"), *([r.tasks_dir] if r.tasks_dir else [])]
+        own = r.write_tasks.resolve() if r.write_tasks else Path("LLMCTL_TASKS")
+        dirs = [own, *([r.tasks_dir] if r.tasks_dir else [])]
         return harness.command_line(
             shown, r.tasks, dirs, device=r.device, batch_size=r.batch_size, limit=r.limit
         )
@@ -100,7 +102,8 @@ class EvalPlan:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (`--dry-run --json`)."""
         r = self.request
-        tasks_dirs = ["<llmctl tasks>"] + ([str(r.tasks_dir)] if r.tasks_dir else [])
+        own = str(r.write_tasks.resolve()) if r.write_tasks else "<llmctl tasks>"
+        tasks_dirs = [own, *([str(r.tasks_dir)] if r.tasks_dir else [])]
         return {
             "tasks": list(r.tasks),
             "tasks_dirs": tasks_dirs,
@@ -152,6 +155,10 @@ def plan_eval(request: EvalRequest) -> EvalPlan:
     if request.batch_size < 1 or (request.limit is not None and request.limit < 1):
         raise UserError("--batch-size and --limit must be >= 1")
     check_tasks(request.tasks, request.tasks_dir)
+    if request.write_tasks is not None:
+        from llmctl.eval.tasks import write_shipped_tasks
+
+        write_shipped_tasks(request.write_tasks)
     sources = [resolve_source(request.source, request.step, request.tokenizer)]
     if request.vs is not None:
         sources.append(resolve_source(request.vs, request.vs_step, None))

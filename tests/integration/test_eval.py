@@ -26,9 +26,8 @@ from eval_support import TEXT, make_llama, transformers_perplexity
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.eval.tasks import write_shipped_tasks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # lm_eval: slow start
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +54,26 @@ def report(models: dict[str, Path]) -> dict[str, Any]:
     return _eval_json(str(models["a"]), "--vs", str(models["b"]), "--data", str(models["held"]))
 
 
-def _lm_eval_direct(model_dir: Path, tasks_dir: Path, out: Path) -> dict[str, Any]:
+def _lm_eval_argv(model_dir: Path, tasks_dir: Path) -> list[str]:
     """`python -m lm_eval` on the directory, as the harness's docs say to run it offline."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    argv = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-            f"pretrained={model_dir},dtype=float32", "--tasks", "llmctl_arith", "--include_path",
-            str(tasks_dir), "--device", "cpu", "--output_path", str(out)]  # fmt: skip
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (path,) = out.rglob("results_*.json")
-    return json.loads(path.read_text())["results"]["llmctl_arith"]
+    return ["python", "-m", "lm_eval", "--model", "hf", "--model_args",
+            f"pretrained={model_dir},dtype=float32", "--tasks", "llmctl_arith", "--device", "cpu",
+            "--batch_size", "1", "--include_path", str(tasks_dir)]  # fmt: skip
 
 
 def test_task_numbers_equal_lm_eval_run_directly(models: dict[str, Path], report: dict) -> None:
-    tasks_dir = write_shipped_tasks(models["root"] / "tasks")
-    direct = _lm_eval_direct(models["a"], tasks_dir, models["root"] / "lm_eval_out")
+    tasks_dir = models["root"] / "tasks"
+    plan = _eval_json(str(models["a"]), "--dry-run", "--write-tasks", str(tasks_dir))
+    argv = _lm_eval_argv(models["a"].resolve(), tasks_dir.resolve())
+    assert plan["lm_eval"][0] == " ".join(argv)  # the command --dry-run shows is this one
+    assert (tasks_dir / "llmctl_arith.yaml").is_file()
+    out = models["root"] / "lm_eval_out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    argv = [sys.executable, *argv[1:], "--output_path", str(out)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.rglob("results_*.json")
+    direct = json.loads(path.read_text())["results"]["llmctl_arith"]
     ours = report["models"][0]["tasks"]["llmctl_arith"]
     assert direct["sample_len"] == 100
     for metric in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):

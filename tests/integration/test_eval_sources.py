@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # lm_eval: slow start
 
 
 def _ok(*args: str) -> str:
