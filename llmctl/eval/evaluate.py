@@ -15,7 +15,6 @@ sources, the task names, the held-out data and its token ids against each model'
 from __future__ import annotations
 
 import gc
-import math
 import shutil
 import tempfile
 import time
@@ -178,7 +177,6 @@ class ModelResult:
     plan: ModelPlan
     tasks: dict[str, dict[str, float]] = field(default_factory=dict)
     perplexity: float | None = None
-    nll_sum: float | None = None
     predicted_tokens: int = 0
     lm_eval_s: float = 0.0
     perplexity_s: float = 0.0
@@ -266,7 +264,6 @@ def _perplexity(lm: Any, plan: ModelPlan, result: ModelResult, progress: Progres
         ppl = perplexity(lm.model, plan.tokens, plan.seq_len, on_batch=phase.advance)
     result.perplexity = ppl
     result.predicted_tokens = (len(plan.tokens) // plan.seq_len) * (plan.seq_len - 1)
-    result.nll_sum = math.log(ppl) * result.predicted_tokens
     result.perplexity_s = time.perf_counter() - t0
 
 
