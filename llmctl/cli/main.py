@@ -33,6 +33,8 @@ COMMANDS: tuple[LazyCommand, ...] = (
        "Stop a run through its launcher: the ranks save a checkpoint and exit."),
     _L("quantize", "llmctl.cli.quant", "quantize",
        "Quantize to a compressed-tensors model (transformers and vLLM load it) and report."),
+    _L("eval", "llmctl.cli.eval", "eval_cmd",
+       "Evaluate models with lm-evaluation-harness (local tasks) and held-out perplexity."),
     _L("checkpoints", "llmctl.cli.checkpoints", "checkpoints",
        "List the checkpoints of a run, newest first, and whether each would load."),
     _L("resume", "llmctl.cli.resume", "resume",

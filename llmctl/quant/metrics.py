@@ -47,9 +47,10 @@ def perplexity(
     windows = windows.view(num_windows, seq_len)
     nll, count = 0.0, 0
     model.eval()
+    device = next(model.parameters()).device
     with torch.no_grad():
         for start in range(0, num_windows, batch_size):
-            batch = windows[start : start + batch_size]
+            batch = windows[start : start + batch_size].to(device)
             logits = model(input_ids=batch).logits.float()
             loss = torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]),

@@ -26,13 +26,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train",),
     ("hf",),
     ("quant",),
+    ("eval",),
     ("launch",),
     ("plotting",),
     ("cli",),
     ("__main__",),
 )
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
-NEVER_IMPORT_TRAIN = ("run", "launch", "cli", "config", "topology", "plan", "data", "quant")
+NEVER_IMPORT_TRAIN = (
+    "run", "launch", "cli", "config", "topology", "plan", "data", "quant", "eval"
+)  # fmt: skip
 
 
 def _room(path: Path) -> str:

@@ -1,0 +1,1 @@
+"""`llmctl eval`: lm-evaluation-harness on local tasks and held-out perplexity (evaluate.py)."""
