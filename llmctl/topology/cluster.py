@@ -49,6 +49,8 @@ FITTED_CLUSTER_FILES = {
     "a100_80gb_sxm": "dgx_a100_80gb",
     "h100_sxm": "dgx_h100",
     "h200_sxm": "dgx_h200",
+    "b200": "dgx_b200",
+    "gb200": "gb200_nvl72",
 }
 ASSUMED_ETHERNET_GBPS = 1.25  # 10 GbE, GB/s
 IB_LATENCY_US = 5.0
