@@ -46,6 +46,15 @@ OutOpt = Annotated[
         "(default calibrated-<cluster>.yaml); use it later with --cluster-file.",
     ),
 ]
+StackOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--stack",
+        help="Software stack to price: megatron_te (default; Megatron-core + Transformer "
+        "Engine) or pytorch_native (no TE TP overlap, synchronous DTensor TP, no p2p/MoE "
+        "overlap); sets plan.stack.",
+    ),
+]
 COLORS = {
     "weights": "blue",
     "grads": "cyan",
@@ -68,6 +77,7 @@ def plan(
     out: OutOpt = None,
     cluster_file: ClusterFileOpt = None,
     force: ForceOpt = False,
+    stack: StackOpt = None,
     *,
     layout: LayoutFlags,
 ) -> None:
@@ -81,6 +91,8 @@ def plan(
         from llmctl.plotting import check_plot_path
 
         check_plot_path(plot)
+    if stack is not None:
+        args = [*(args or []), f"plan.stack={stack}"]
     cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
     save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
     result = plan_config(cfg, calibrate, save_to, force)
