@@ -55,6 +55,14 @@ StackOpt = Annotated[
         "overlap); sets plan.stack.",
     ),
 ]
+FromCheckpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--from-checkpoint",
+        help="Checkpoint (or run dir: its newest) to re-plan for --nodes N: the best layout "
+        "it can be resharded to (its model, batch and optimizer sharding kept).",
+    ),
+]
 COLORS = {
     "weights": "blue",
     "grads": "cyan",
@@ -78,6 +86,7 @@ def plan(
     cluster_file: ClusterFileOpt = None,
     force: ForceOpt = False,
     stack: StackOpt = None,
+    from_checkpoint: FromCheckpointOpt = None,
     *,
     layout: LayoutFlags,
 ) -> None:
@@ -93,9 +102,12 @@ def plan(
         check_plot_path(plot)
     if stack is not None:
         args = [*(args or []), f"plan.stack={stack}"]
-    cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
-    save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
-    result = plan_config(cfg, calibrate, save_to, force)
+    if from_checkpoint is not None:
+        result, top_k, save_to = _from_checkpoint(from_checkpoint, args, layout, calibrate), 5, None
+    else:
+        cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
+        save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
+        result, top_k = plan_config(cfg, calibrate, save_to, force), cfg.plan.top_k
     if as_json:
         from llmctl.plan.report import result_dict
 
@@ -112,9 +124,38 @@ def plan(
     if plot:
         from llmctl.plotting import plot_plan
 
-        notes.append(f"plot written to {plot_plan(result, plot, top_k=cfg.plan.top_k)}")
+        notes.append(f"plot written to {plot_plan(result, plot, top_k=top_k)}")
     for note in notes:
         typer.echo(note, err=as_json)
+
+
+def _from_checkpoint(
+    location: str, args: list[str] | None, layout: LayoutFlags, calibrate: list[str] | None
+) -> PlanResult:
+    """`--from-checkpoint`: the layouts on `--nodes` nodes the checkpoint reshards to; one
+    line to stderr names the checkpoint and what it keeps."""
+    from llmctl.errors import UserError
+    from llmctl.run.reshard import plan_from_checkpoint
+
+    if layout.nodes is None:
+        raise UserError("--from-checkpoint needs --nodes N (the nodes to re-plan for)")
+    if calibrate:
+        raise UserError("--from-checkpoint and --calibrate do not combine; calibrate first")
+    given = list(args or [])
+    if any(a.startswith("recipe=") for a in given):
+        raise UserError(
+            "--from-checkpoint takes the model and cluster from the checkpoint; drop recipe="
+        )
+    result, facts = plan_from_checkpoint(location, layout.nodes, given + layout.overrides())
+    saved = " ".join(
+        f"{k.upper()}{facts.layout[k]}" for k in ("tp", "pp", "cp", "dp") if k in facts.layout
+    )
+    typer.echo(
+        f"checkpoint {facts.path} (step {facts.step}, saved at {saved}, optimizer sharding "
+        f"{facts.sharding}): layouts on {layout.nodes} node(s) it reshards to",
+        err=True,
+    )
+    return result
 
 
 def _bar(ev: Evaluation, hbm_gib: float, width: int = 24) -> Text:
