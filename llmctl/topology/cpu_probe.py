@@ -141,7 +141,7 @@ def measure_cpu(cpu_model: str, threads: int) -> dict[str, Any]:
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"cluster=probe: the CPU probe failed ({last})")
-    data = json.loads(proc.stdout)
+    data: dict[str, Any] = json.loads(proc.stdout)
     data["cpu_model"] = cpu_model
     from llmctl.staging import write_text_whole
 
