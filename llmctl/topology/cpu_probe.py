@@ -125,9 +125,9 @@ def measure_cpu(cpu_model: str, threads: int) -> dict[str, Any]:
     path = cache_path(cpu_model, threads)
     if path.is_file() and os.environ.get("LLMCTL_CPU_PROBE_REFRESH") != "1":
         try:
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and {"gemm_gflops", "copy_gb_s", "op_us"} <= set(data):
-                return data
+            cached = json.loads(path.read_text())
+            if isinstance(cached, dict) and {"gemm_gflops", "copy_gb_s", "op_us"} <= set(cached):
+                return cached
         except ValueError:
             pass  # a torn or foreign file: measure again and replace it
     proc = subprocess.run(
