@@ -42,9 +42,20 @@ GEMMS = ((256, 4096, 64), (256, 256, 64), (256, 64, 256), (1024, 1024, 256))
 GEMM_SHAPES = tuple(shape for m, n, k in GEMMS for shape in ((m, n, k), (m, k, n), (n, k, m)))
 COPY_BYTES = 64 * 2**20
 ROUNDS = 5
-#: Per-op cost on the host local_cpu.yaml was fitted on (the 2-core test host, AVX-512,
-#: torch 2.13, 2 threads), measured by this probe; the overhead knobs scale with it.
-REFERENCE_OP_US = 3.2
+#: Fixed costs of megatron-core's CPU training step in units of the probe's per-op cost
+#: (`op_us`): per layer and micro-batch, per micro-batch and virtual stage, per step. Fitted
+#: (exact solve) on one-thread runs of the demo model on the 2-core test host (AVX-512,
+#: torch 2.13, op_us 3.388), after the GEMM time at the probed rate and the other terms:
+#: 2 layers MBS 4, 4 layers MBS 4, 2 layers MBS 2 (GBS 8; load-corrected, the faster of two
+#: runs each: 59.8, 82.5, 88.7 ms), scaled by 0.846, the ratio of the demo's median
+#: faster-of-two time over later periods (50.6 ms: 49.0-59.8 ms seen) to the fitted period's:
+#: that host's speed drifts by +-15 % over minutes, and the three fits ran in a slow one.
+#: Another host pays the same operations at its own `op_us`.
+LAYER_OPS = 921.0
+CHUNK_OPS = 1757.0
+STEP_OPS = 2510.0
+#: op_us of that host, for the knobs kept from local_cpu.yaml (p2p latency).
+REFERENCE_OP_US = 3.388
 
 
 def _thread_cpu_s() -> float:
@@ -152,11 +163,16 @@ def measure_cpu(cpu_model: str, threads: int) -> dict[str, Any]:
 
 def probed_cpu_fields(measured: dict[str, Any], knobs: dict[str, float]) -> dict[str, Any]:
     """ClusterConfig fields from a measurement: the GEMM rate as the fp32 peak reached
-    (fraction 1), the copy bandwidth as memory bandwidth, and the fixed-cost knobs of
-    local_cpu.yaml (`knobs`) scaled by this host's per-op cost over the reference host's."""
-    scale = float(measured["op_us"]) / REFERENCE_OP_US
-    fixed = ("layer_overhead_us", "chunk_overhead_us", "step_overhead_s", "p2p_latency_us")
-    eff = {k: (round(v * scale, 6) if k in fixed else v) for k, v in knobs.items()}
+    (fraction 1), the copy bandwidth as memory bandwidth, the fixed costs as the fitted
+    operation counts (`LAYER_OPS`, `CHUNK_OPS`, `STEP_OPS`) times this host's per-op cost, and
+    the other knobs of local_cpu.yaml (`knobs`; its p2p latency scaled by the per-op cost)."""
+    op_us = float(measured["op_us"])
+    eff = dict(knobs)
+    eff["layer_overhead_us"] = round(LAYER_OPS * op_us, 3)
+    eff["chunk_overhead_us"] = round(CHUNK_OPS * op_us, 3)
+    eff["step_overhead_s"] = round(STEP_OPS * op_us * 1e-6, 6)
+    if "p2p_latency_us" in eff:
+        eff["p2p_latency_us"] = round(eff["p2p_latency_us"] * op_us / REFERENCE_OP_US, 3)
     tflops = float(measured["gemm_gflops"]) / 1e3
     return {
         "peak_tflops": {"fp32": round(tflops, 6)},

@@ -36,15 +36,20 @@ def test_probe_measures_once_and_caches(tmp_path: Path, monkeypatch: pytest.Monk
     assert avx2["probe_s"] < 5.0
 
 
-def test_fields_scale_the_fixed_costs_by_the_per_op_cost() -> None:
-    knobs = {"layer_overhead_us": 1000.0, "step_overhead_s": 0.001, "elementwise_passes": 3.0}
-    fields = probed_cpu_fields(
-        {"gemm_gflops": 50.0, "copy_gb_s": 20.0, "op_us": 2 * REFERENCE_OP_US}, knobs
-    )
-    assert fields["peak_tflops"] == {"fp32": 0.05}
-    assert fields["achievable_fraction"] == {"fp32": 1.0}
-    assert fields["hbm_bandwidth_gb_s"] == 20.0
-    eff = fields["efficiency"]
-    assert eff["layer_overhead_us"] == pytest.approx(2000.0)
-    assert eff["step_overhead_s"] == pytest.approx(0.002)
-    assert eff["elementwise_passes"] == 3.0  # a software property: not scaled
+def test_fields_price_the_fixed_costs_at_the_per_op_cost() -> None:
+    from llmctl.topology.cpu_probe import CHUNK_OPS, LAYER_OPS, STEP_OPS
+
+    knobs = {"layer_overhead_us": 1.0, "p2p_latency_us": 400.0, "elementwise_passes": 3.0}
+    one = {"gemm_gflops": 50.0, "copy_gb_s": 20.0, "op_us": REFERENCE_OP_US}
+    two = {**one, "op_us": 2 * REFERENCE_OP_US}
+    a, b = probed_cpu_fields(one, knobs), probed_cpu_fields(two, knobs)
+    assert a["peak_tflops"] == {"fp32": 0.05} and a["achievable_fraction"] == {"fp32": 1.0}
+    assert a["hbm_bandwidth_gb_s"] == 20.0
+    ea, eb = a["efficiency"], b["efficiency"]
+    assert ea["layer_overhead_us"] == pytest.approx(LAYER_OPS * REFERENCE_OP_US, rel=1e-6)
+    assert ea["chunk_overhead_us"] == pytest.approx(CHUNK_OPS * REFERENCE_OP_US, rel=1e-6)
+    assert ea["step_overhead_s"] == pytest.approx(STEP_OPS * REFERENCE_OP_US * 1e-6, rel=1e-4)
+    assert ea["p2p_latency_us"] == pytest.approx(400.0)
+    for key in ("layer_overhead_us", "chunk_overhead_us", "step_overhead_s", "p2p_latency_us"):
+        assert eb[key] == pytest.approx(2 * ea[key], rel=1e-4)  # a host twice as slow per op
+    assert eb["elementwise_passes"] == 3.0  # a software property: not scaled
