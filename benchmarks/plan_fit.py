@@ -23,6 +23,8 @@ from llmctl.plan.reference import layer_row_s, measured_step_s, row_input, row_l
 from llmctl.run.planning import cluster_spec
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "plan" / "published_runs.json"
+#: Blackwell rows (DGX B200, GB200 NVL72): same row format, models from FIX.
+BLACKWELL = FIX.with_name("published_runs_blackwell.json")
 #: Korthikanti et al. 2022: Table 4 (per-layer times of the 22B model) joins the A100 fit.
 KORTHIKANTI = FIX.with_name("korthikanti_2022.json")
 #: Knobs fixed before fitting, with why. 2022 Megatron-LM (the A100 rows) had no tensor-parallel
@@ -48,7 +50,28 @@ KNOBS = {
         ("chunk_overhead_us", 0.0, 2000.0),
         ("cp_step_overhead_us", 0.0, 2000.0),
     ],
+    # Two fit rows per Blackwell cluster (8B TP1 DP8, 405B TP4 PP>1): two knobs, the FP8
+    # GEMM fraction and the per-layer fixed cost; the H100's software knobs stay (same
+    # Megatron + TE stack): attention, TP/p2p overlap, elementwise passes, chunk and CP costs.
+    "dgx_b200": [("fraction.fp8", 0.25, 0.9), ("layer_overhead_us", 0.0, 1000.0)],
+    "gb200_nvl72": [("fraction.fp8", 0.25, 0.9), ("layer_overhead_us", 0.0, 1000.0)],
 }
+#: Software-stack knobs copied from the DGX H100 fit before fitting the clusters named here.
+FROM_H100 = (
+    "attention",
+    "tp_overlap",
+    "p2p_overlap",
+    "elementwise_passes",
+    "chunk_overhead_us",
+    "cp_step_overhead_us",
+)
+SHARED = {"dgx_b200": "dgx_h100", "gb200_nvl72": "dgx_h100"}
+
+
+def all_rows() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows of both fixtures and the models (defined in FIX)."""
+    data = json.loads(FIX.read_text())
+    return data["rows"] + json.loads(BLACKWELL.read_text())["rows"], data["models"]
 
 
 def base_cluster(name: str) -> ClusterSpec:
@@ -97,18 +120,22 @@ def loss(cluster: ClusterSpec, rows: list[dict[str, Any]], models: dict[str, Any
 
 def fit(name: str) -> tuple[ClusterSpec, dict[str, float]]:
     """Coordinate descent over the knobs of `name` on its fit rows."""
-    data = json.loads(FIX.read_text())
-    rows = [r for r in data["rows"] if r["cluster"] == name and r["fit"]]
+    every, models = all_rows()
+    rows = [r for r in every if r["cluster"] == name and r["fit"]]
     cluster, values = base_cluster(name), {}
     for knob, value in FIXED.get(name, {}).items():
         cluster = with_knob(cluster, knob, value)
+    if name in SHARED:
+        source = base_cluster(SHARED[name]).efficiency
+        for knob in FROM_H100:
+            cluster = with_knob(cluster, knob, getattr(source, knob))
     for knob, lo, hi in KNOBS[name]:
         values[knob] = (lo + hi) / 2
         cluster = with_knob(cluster, knob, values[knob])
     for _ in range(6):
         for knob, lo, hi in KNOBS[name]:
             grid = [lo + (hi - lo) * i / 40 for i in range(41)]
-            best = min(grid, key=lambda v: loss(with_knob(cluster, knob, v), rows, data["models"]))
+            best = min(grid, key=lambda v: loss(with_knob(cluster, knob, v), rows, models))
             values[knob] = best
             cluster = with_knob(cluster, knob, best)
     return cluster, values
@@ -116,16 +143,16 @@ def fit(name: str) -> tuple[ClusterSpec, dict[str, float]]:
 
 def main() -> None:
     name = sys.argv[1]
-    data = json.loads(FIX.read_text())
+    every, models = all_rows()
     cluster, values = fit(name)
-    mine = [r for r in data["rows"] if r["cluster"] == name]
-    errs = errors(cluster, mine, data["models"])
+    mine = [r for r in every if r["cluster"] == name]
+    errs = errors(cluster, mine, models)
     report: dict[str, Any] = {"cluster": name, "knobs": {k: round(v, 4) for k, v in values.items()}}
     for label, want in (("fit", True), ("held_out", False)):
         e = [abs(x) for x, r in zip(errs, mine, strict=True) if r["fit"] == want]
         report[label] = {"rows": len(e), "mean_abs": sum(e) / len(e), "max_abs": max(e)}
     report["rows"] = {r["id"]: round(x, 4) for x, r in zip(errs, mine, strict=True)}
-    report["table4_layers"] = [round(x, 4) for x in layer_errors(cluster, data["models"])]
+    report["table4_layers"] = [round(x, 4) for x in layer_errors(cluster, models)]
     print(json.dumps(report, indent=1))
 
 

@@ -46,6 +46,23 @@ OutOpt = Annotated[
         "(default calibrated-<cluster>.yaml); use it later with --cluster-file.",
     ),
 ]
+StackOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--stack",
+        help="Software stack to price: megatron_te (default; Megatron-core + Transformer "
+        "Engine) or pytorch_native (no TE TP overlap, synchronous DTensor TP, no p2p/MoE "
+        "overlap); sets plan.stack.",
+    ),
+]
+FromCheckpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--from-checkpoint",
+        help="Checkpoint (or run dir: its newest) to re-plan for --nodes N: the best layout "
+        "it can be resharded to (its model, batch and optimizer sharding kept).",
+    ),
+]
 COLORS = {
     "weights": "blue",
     "grads": "cyan",
@@ -68,6 +85,8 @@ def plan(
     out: OutOpt = None,
     cluster_file: ClusterFileOpt = None,
     force: ForceOpt = False,
+    stack: StackOpt = None,
+    from_checkpoint: FromCheckpointOpt = None,
     *,
     layout: LayoutFlags,
 ) -> None:
@@ -81,12 +100,18 @@ def plan(
         from llmctl.plotting import check_plot_path
 
         check_plot_path(plot)
-    cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
-    save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
-    result = plan_config(cfg, calibrate, save_to, force)
-    from llmctl.run.planning import dpo_plan
+    if stack is not None:
+        args = [*(args or []), f"plan.stack={stack}"]
+    dpo = None
+    if from_checkpoint is not None:
+        result, top_k, save_to = _from_checkpoint(from_checkpoint, args, layout, calibrate), 5, None
+    else:
+        cfg = compose_from_cli(args, cluster_file=cluster_file, layout=layout)
+        save_to = (out or f"calibrated-{cfg.cluster.name}.yaml") if calibrate else None
+        result, top_k = plan_config(cfg, calibrate, save_to, force), cfg.plan.top_k
+        from llmctl.run.planning import dpo_plan
 
-    dpo = dpo_plan(cfg, result)  # train.objective=dpo: reference and pair terms
+        dpo = dpo_plan(cfg, result)  # train.objective=dpo: reference and pair terms
     if as_json:
         from llmctl.plan.report import result_dict
 
@@ -111,7 +136,7 @@ def plan(
     if plot:
         from llmctl.plotting import plot_plan
 
-        notes.append(f"plot written to {plot_plan(result, plot, top_k=cfg.plan.top_k)}")
+        notes.append(f"plot written to {plot_plan(result, plot, top_k=top_k)}")
     for note in notes:
         typer.echo(note, err=as_json)
 
@@ -122,6 +147,35 @@ def _size(num_bytes: float) -> str:
         if num_bytes >= scale:
             return f"{num_bytes / scale:.2f} {unit}"
     return f"{num_bytes / 2**10:.1f} KiB"
+
+
+def _from_checkpoint(
+    location: str, args: list[str] | None, layout: LayoutFlags, calibrate: list[str] | None
+) -> PlanResult:
+    """`--from-checkpoint`: the layouts on `--nodes` nodes the checkpoint reshards to; one
+    line to stderr names the checkpoint and what it keeps."""
+    from llmctl.errors import UserError
+    from llmctl.run.reshard import plan_from_checkpoint
+
+    if layout.nodes is None:
+        raise UserError("--from-checkpoint needs --nodes N (the nodes to re-plan for)")
+    if calibrate:
+        raise UserError("--from-checkpoint and --calibrate do not combine; calibrate first")
+    given = list(args or [])
+    if any(a.startswith("recipe=") for a in given):
+        raise UserError(
+            "--from-checkpoint takes the model and cluster from the checkpoint; drop recipe="
+        )
+    result, facts = plan_from_checkpoint(location, layout.nodes, given + layout.overrides())
+    saved = " ".join(
+        f"{k.upper()}{facts.layout[k]}" for k in ("tp", "pp", "cp", "dp") if k in facts.layout
+    )
+    typer.echo(
+        f"checkpoint {facts.path} (step {facts.step}, saved at {saved}, optimizer sharding "
+        f"{facts.sharding}): layouts on {layout.nodes} node(s) it reshards to",
+        err=True,
+    )
+    return result
 
 
 def _bar(ev: Evaluation, hbm_gib: float, width: int = 24) -> Text:

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 # One vocabulary with the planner (plan is the lower layer): parallel.recompute and
 # parallel.optimizer_sharding take the planner's enums.
 from llmctl.plan.specs import Recompute, Sharding
+from llmctl.plan.stack import Stack
 
 
 def doc(default: Any = MISSING, text: str = "", *, factory: Any = None) -> Any:
@@ -596,6 +597,12 @@ class PlanConfig:
         "Move the output layer's time in layers off the loss stage (Megatron's "
         "pipeline_model_parallel_layout, as Megatron-Bridge perf recipes do); the planner "
         "times it and llmctl train builds it (PP > 1 without VPP).",
+    )
+    stack: Stack = doc(
+        Stack.megatron_te,
+        "Software stack priced: megatron_te (Megatron-core + Transformer Engine, what the "
+        "cluster knobs were fitted on) or pytorch_native (torchtitan-like: no TE TP overlap, "
+        "synchronous DTensor TP, no p2p or MoE all-to-all overlap); docs/planner.md.",
     )
     published_layout: dict[str, Any] = doc(
         factory=dict,

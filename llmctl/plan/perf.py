@@ -356,7 +356,8 @@ def _tp_comm_s(
     under the data- and weight-gradient GEMMs (4 units, hidden up to those GEMMs' time at
     `overlap_cost`); SP's row-parallel layers all-gather their output gradient exposed (2).
     `tp_overlap` is the share of the exposed units hidden beyond that (e.g. Transformer
-    Engine's userbuffer overlap). A MoE layer's experts run no TP collectives of their own
+    Engine's userbuffer overlap); `tp_async_backward` 0 (PyTorch DTensor) exposes the 4 units
+    too. A MoE layer's experts run no TP collectives of their own
     (megatron-core's explicit expert communication: the token dispatcher moves the routed
     tokens, counted as MoE communication), so only the attention block's half remains.
     """
@@ -366,7 +367,7 @@ def _tp_comm_s(
     unit = ring_time(cluster, tp, tp, tok * model.hidden_size * 2.0)
     blocks = 1.0 if model.is_moe else 2.0
     exposed = (2.0 * blocks * fwd + (blocks if sp else 0.0)) * unit * (1.0 - eff.tp_overlap)
-    window = column_bwd_gemm_s(model, cluster, dtype, tok, tp)
+    window = column_bwd_gemm_s(model, cluster, dtype, tok, tp) * eff.tp_async_backward
     return exposed + _exposed(2.0 * blocks * unit, window, eff.overlap_cost)
 
 

@@ -54,6 +54,9 @@ class Efficiency:
     """Fraction of the 16-bit dense peak the fused/flash attention kernel reaches."""
     tp_overlap: float = 0.5
     """Fraction of tensor-parallel collective time hidden behind GEMMs."""
+    tp_async_backward: float = 1.0
+    """1 when the column-parallel layers' backward TP collectives run under their data- and
+    weight-gradient GEMMs (megatron-core); 0 when they wait (PyTorch DTensor, `plan.stack`)."""
     p2p_overlap: float = 0.5
     """Fraction of pipeline send/receive time hidden behind compute."""
     overlap_cost: float = 0.3
@@ -89,7 +92,7 @@ class Efficiency:
         for name in ("attention", "link"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"efficiency.{name} must be in (0, 1], got {getattr(self, name)}")
-        for name in ("tp_overlap", "p2p_overlap", "overlap_cost"):
+        for name in ("tp_overlap", "p2p_overlap", "overlap_cost", "tp_async_backward"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"efficiency.{name} must be in [0, 1], got {getattr(self, name)}")
         for name in (

@@ -41,6 +41,7 @@ from llmctl.plan import (
 from llmctl.plan.calibrate import MeasuredRun, calibrate_time
 from llmctl.plan.layout import LAYOUT_DICT_KEYS, StageSplit, layout_from_dict
 from llmctl.plan.perf import loss_layers_moved
+from llmctl.plan.stack import Stack, apply_stack
 from llmctl.run.layout import (
     fixed_sequence_parallel,
     layout_from_record,
@@ -151,7 +152,7 @@ def run_spec(cfg: RootConfig) -> RunSpec:
         grad_dtype=grad,
         grad_reduce_dtype=str(p.grad_reduce_dtype) if p.grad_reduce_dtype is not None else grad,
         fp8=fp8,
-        fp8_param_gather=fp8 and (p.fp8_param_gather is None or p.fp8_param_gather),
+        fp8_param_gather=fp8 and _fp8_param_gather(cfg),
         attention=attention_kernel(cfg),
         train_tokens=cfg.train.train_tokens,
         freeze_embeddings=cfg.train.freeze_embeddings,
@@ -160,8 +161,15 @@ def run_spec(cfg: RootConfig) -> RunSpec:
     )
 
 
+def _fp8_param_gather(cfg: RootConfig) -> bool:
+    """`precision.fp8_param_gather`, or when unset the stack's default (on with Transformer
+    Engine's FP8 weights, off on the PyTorch-native stack: torchao's FP8 all-gather is opt-in)."""
+    asked = cfg.precision.fp8_param_gather
+    return bool(asked) if asked is not None else cfg.plan.stack == Stack.megatron_te
+
+
 def plan_input(cfg: RootConfig) -> PlanInput:
-    """Everything the planner needs, frozen."""
+    """Everything the planner needs, frozen, priced for `plan.stack` (`plan.stack`)."""
     p, s = cfg.parallel, cfg.plan
     constraints = Constraints(
         tp=p.tp,
@@ -186,13 +194,14 @@ def plan_input(cfg: RootConfig) -> PlanInput:
         allow_uneven_pp=s.allow_uneven_pp,
         balance_loss=s.balance_loss,
     )
-    return PlanInput(
+    inp = PlanInput(
         model=model_spec(cfg),
         cluster=cluster_spec(cfg),
         run=run_spec(cfg),
         constraints=constraints,
         search=search,
     )
+    return apply_stack(inp, Stack(cfg.plan.stack))
 
 
 def loss_balanced_stage_layers(cfg: RootConfig, layout: Layout) -> list[int] | None:

@@ -24,6 +24,7 @@ in `gpus.py`, or a named assumption reported as a warning):
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ FITTED_CLUSTER_FILES = {
     "a100_80gb_sxm": "dgx_a100_80gb",
     "h100_sxm": "dgx_h100",
     "h200_sxm": "dgx_h200",
+    "b200": "dgx_b200",
+    "gb200": "gb200_nvl72",
 }
 ASSUMED_ETHERNET_GBPS = 1.25  # 10 GbE, GB/s
 IB_LATENCY_US = 5.0
@@ -224,11 +227,33 @@ def _name(topology: Topology) -> str:
 
 def probed_cluster() -> dict[str, Any]:
     """ClusterConfig fields of this host, probed now (`cluster=probe`): its GPUs, or its CPU
-    when it has none (then only fp32/bf16 peaks are known)."""
+    when it has none, measured (`measured_cpu_fields`)."""
     from llmctl.topology.probe import probe
 
-    desc, _ = cluster_description(probe())
+    topology = probe()
+    desc, _ = cluster_description(topology)
+    if desc["device"] == "cpu" and topology.cpu is not None:
+        desc |= measured_cpu_fields(topology.cpu)
     return desc
+
+
+def measured_cpu_fields(cpu: CpuInfo) -> dict[str, Any]:
+    """A CPU node's peak, bandwidth and fixed costs from `llmctl.topology.cpu_probe` (GEMM,
+    copy and per-op timings of this host, cached), on local_cpu.yaml's fitted knobs, measured
+    with `OMP_NUM_THREADS` threads (else every logical CPU); `cpu_cores` is set to that count
+    so a one-rank run gets the threads measured (the launcher gives each rank cores / ranks)."""
+    import yaml
+
+    from llmctl.resources import resource_dir
+    from llmctl.topology.cpu_probe import measure_cpu, probed_cpu_fields
+
+    local = yaml.safe_load((resource_dir("configs") / "cluster" / "local_cpu.yaml").read_text())
+    asked = os.environ.get("OMP_NUM_THREADS", "")
+    threads = int(asked) if asked.isdigit() and int(asked) > 0 else cpu.num_logical
+    measured = measure_cpu(cpu.model, threads)
+    fields = probed_cpu_fields(measured, dict(local["efficiency"]))
+    # cpu_cores: the threads measured with, which the launcher gives one rank (cores / ranks)
+    return fields | {"gpu_name": f"{cpu.model} ({measured['capability']})", "cpu_cores": threads}
 
 
 _HEADER = "# Written by `llmctl topo --out`"
