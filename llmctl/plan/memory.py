@@ -113,26 +113,63 @@ def layer_activation_bytes(
     rep_div = tp if sp else 1
     if recompute == Recompute.full:
         return scale * 2.0 * s * b * h / rep_div
+    fused = run.fused_kernels
+    unfused_attn = run.attention == AttentionKernel.unfused
     dropout = 2.0 if model.dropout else 0.0
     gin = 1.0 if run.fp8 else 2.0  # bytes of a saved GEMM input
-    replicated = (4.0 + 2.0 * gin + dropout) * s * b * h
+    # Two norms: 16-bit inputs; on the local path also their per-row statistics (torch's
+    # LayerNorm keeps mean and rstd in the 16-bit dtype). TE's fp32 statistics (8 bytes a row,
+    # 0.1 % of a layer at h = 6144) are left out, as in Korthikanti et al.
+    stats = 0.0 if fused else (4.0 if model.layernorm_bias else 2.0)
+    replicated = (4.0 + 2.0 * gin + dropout) * s * b * h + 2.0 * stats * s * b
     q = model.num_attention_heads * model.kv_channels
     kv = model.num_query_groups * model.kv_channels
-    split = s * b * ((2.0 + gin) * q + 4.0 * kv)
+    if unfused_attn and recompute == Recompute.none:
+        kv_saved = 4.0 * q  # megatron's DotProductAttention expands GQA keys/values to all heads
+    elif unfused_attn and not fused:
+        kv_saved = 2.0 * kv + 2.0 * (q + 2.0 * kv)  # checkpointed k; v is a view of the QKV output
+    else:
+        kv_saved = 4.0 * kv
+    split = s * b * ((2.0 + gin) * q + kv_saved)
     width = 4.0 if model.gated_mlp else 2.0
     if model.is_moe:
         f = model.expert_ffn
         split += model.moe_router_topk * (gin * s * b * h + (gin + width) * s * b * f)
     else:
-        split += (gin + width) * s * b * model.ffn_hidden_size
+        # unfused SwiGLU (CPU): also the SiLU output and the linear half's copy (4 bytes)
+        glu = 4.0 if model.gated_mlp and not fused else 0.0
+        split += (gin + width + glu) * s * b * model.ffn_hidden_size
     total = replicated / rep_div + split / tp
+    if not fused and model.learned_positions == 0:
+        total += 8.0 * s * model.kv_channels  # unfused RoPE: 16-bit cos and sin, for q and k
     if recompute == Recompute.none:
         a = model.num_attention_heads
-        if run.attention == AttentionKernel.unfused:
-            total += (5.0 if model.dropout else 2.0) * a * b * s * model.seq_length / tp
+        if unfused_attn:
+            probs = 5.0 if model.dropout else 2.0
+            if not fused:  # the unfused softmax keeps its fp32 output (the GEMM a 16-bit copy)
+                probs += 4.0 if not model.dropout else 2.0
+                total += s * model.seq_length  # the boolean causal mask
+            total += probs * a * b * s * model.seq_length / tp
         else:
             total += 4.0 * a * b * s / tp
     return scale * total
+
+
+def recompute_working_bytes(
+    model: ModelSpec, run: RunSpec, *, tp: int, cp: int, mbs: int, sp: bool, recompute: Recompute
+) -> float:
+    """Bytes full recompute rebuilds for one layer during backward, alive on top of what the
+    stage keeps while that layer's backward runs. Selective recompute rebuilds the core
+    attention of one layer after the layer's own MLP activations are freed: no new peak
+    (measured: the peak stays within 1 % of the forward's saved bytes)."""
+    if recompute != Recompute.full:
+        return 0.0
+    whole = layer_activation_bytes(
+        model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=Recompute.none
+    )
+    return whole - layer_activation_bytes(
+        model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=recompute
+    )
 
 
 def in_flight(pp: int, vpp: int, num_microbatches: int, rank: int) -> float:
@@ -146,17 +183,57 @@ def in_flight(pp: int, vpp: int, num_microbatches: int, rank: int) -> float:
 
 
 def _first_extra(model: ModelSpec, layout: Layout) -> float:
-    if not model.dropout:
-        return 0.0
-    s = model.seq_length / layout.cp
-    div = layout.tp if layout.sequence_parallel else 1
-    return s * layout.micro_batch_size * model.hidden_size / div
-
-
-def _last_extra(model: ModelSpec, layout: Layout) -> float:
+    """The token ids the embedding keeps (int64) and the embedding dropout mask."""
     sb = model.seq_length / layout.cp * layout.micro_batch_size
     div = layout.tp if layout.sequence_parallel else 1
-    return 4.0 * sb * model.hidden_size / div + 4.0 * sb * model.vocab_size / layout.tp
+    return 8.0 * sb + (sb * model.hidden_size / div if model.dropout else 0.0)
+
+
+def _last_extra(model: ModelSpec, run: RunSpec, layout: Layout) -> float:
+    """Final norm input and statistics, output-layer input, fp32 logits of the cross entropy,
+    int64 labels and its boolean mask."""
+    sb = model.seq_length / layout.cp * layout.micro_batch_size
+    div = layout.tp if layout.sequence_parallel else 1
+    stats = 0.0 if run.fused_kernels else (4.0 if model.layernorm_bias else 2.0)
+    return (
+        (4.0 * model.hidden_size + stats) * sb / div
+        + 4.0 * sb * model.vocab_size / layout.tp
+        + 9.0 * sb
+    )
+
+
+def activation_bytes(
+    model: ModelSpec,
+    run: RunSpec,
+    layout: Layout,
+    *,
+    layers: int,
+    rank: int,
+    num_microbatches: int,
+    peak: bool = True,
+) -> float:
+    """Activation bytes of pipeline stage `rank` holding `layers` layers: at peak (the
+    micro-batches in flight, plus one recomputed layer during backward), or with
+    `peak=False` what one micro-batch's forward keeps on the stage (tensors shared by all
+    micro-batches counted once per step, spread over them)."""
+    first, last = rank == 0, rank == layout.pp - 1
+    tp, cp, mbs, sp = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel
+    rc = layout.recompute
+    per_layer = layer_activation_bytes(model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=rc)
+    held = in_flight(layout.pp, layout.vpp, num_microbatches, rank) if peak else 1.0
+    acts = per_layer * layers * held
+    if first:
+        acts += _first_extra(model, layout) * held
+    if layout.recompute == Recompute.full and model.learned_positions == 0:
+        freqs = 4.0 * model.seq_length / layout.cp * model.kv_channels  # fp32, shared
+        acts += freqs if peak else freqs / num_microbatches
+    loss = _last_extra(model, run, layout) if last else 0.0
+    if not peak:
+        return acts + loss
+    # During backward one recomputed layer is alive on top of the kept inputs; by then the
+    # last stage has freed its loss activations.
+    working = recompute_working_bytes(model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=rc)
+    return acts + max(loss, working)
 
 
 def _static(
@@ -177,21 +254,7 @@ def _static(
         last=last,
         etp=layout.etp,
     )
-    per_layer = layer_activation_bytes(
-        model,
-        run,
-        tp=layout.tp,
-        cp=layout.cp,
-        mbs=layout.micro_batch_size,
-        sp=layout.sequence_parallel,
-        recompute=layout.recompute,
-    )
-    held = in_flight(pp, layout.vpp, m, rank)
-    acts = per_layer * layers * held
-    if first:
-        acts += _first_extra(model, layout) * held
-    if last:
-        acts += _last_extra(model, layout)
+    acts = activation_bytes(model, run, layout, layers=layers, rank=rank, num_microbatches=m)
     lp = layer_params(model, layout.tp, layout.ep, layout.etp).total
     frozen = embedding_params(model, layout.tp) if first and run.freeze_embeddings else 0
     return float(params.dense), float(params.expert), lp, layers, acts, float(frozen)

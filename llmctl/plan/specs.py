@@ -234,6 +234,10 @@ class RunSpec:
     train_tokens: float | None = None
     freeze_embeddings: bool = False
     """Input embeddings frozen (fine-tuning): they get no gradient or optimizer state."""
+    fused_kernels: bool = True
+    """Transformer Engine / fused CUDA kernels (masked softmax, RoPE, SwiGLU, norms). False is
+    megatron-core's local CPU path, whose unfused kernels save more for backward (measured by
+    the CPU memory oracle; `llmctl.plan.memory`)."""
     moe_a2a_overlap: bool = False
     """MoE all-to-alls overlapped with another micro-batch's compute (megatron-core
     `overlap_moe_expert_parallel_comm`; off by default, on in Megatron-Bridge's Qwen3-235B

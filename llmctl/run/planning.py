@@ -153,6 +153,7 @@ def run_spec(cfg: RootConfig) -> RunSpec:
         fp8=fp8,
         fp8_param_gather=fp8 and (p.fp8_param_gather is None or p.fp8_param_gather),
         attention=attention_kernel(cfg),
+        fused_kernels=cfg.cluster.device == "cuda",  # CPU runs megatron-core's local spec
         train_tokens=cfg.train.train_tokens,
         freeze_embeddings=cfg.train.freeze_embeddings,
         moe_a2a_overlap=cfg.parallel.moe_a2a_overlap and cfg.model.num_experts > 0,
