@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from llmctl.plan.layout import Layout, StageSplit
-from llmctl.plan.params import embedding_params, layer_params, stage_params
+from llmctl.plan.params import embedding_params, layer_params, output_params, stage_params
 from llmctl.plan.specs import (
     BYTES,
     AttentionKernel,
@@ -96,6 +96,10 @@ def state_bytes(run: RunSpec, sharding: Sharding, shard: int) -> tuple[float, fl
     """Bytes per parameter for (weights, grads, optimizer states) on one rank."""
     mixed = run.params_dtype != "fp32"
     w, g, o = BYTES[run.params_dtype], BYTES[run.grad_dtype], (12.0 if mixed else 8.0)
+    if sharding == Sharding.full and run.torch_native:
+        # FSDP2 mixed precision: the sharded parameters are the fp32 masters, their sharded
+        # gradients fp32 (reduce_dtype), Adam m and v fp32: 16 bytes a parameter over the shard
+        return 4.0 / shard, 4.0 / shard, 8.0 / shard
     if sharding == Sharding.none:
         return w, g, o
     if sharding == Sharding.distributed:
@@ -113,6 +117,8 @@ def layer_activation_bytes(
     rep_div = tp if sp else 1
     if recompute == Recompute.full:
         return scale * 2.0 * s * b * h / rep_div
+    if run.torch_native and recompute == Recompute.selective:
+        return scale * _op_sac_bytes(model, s=s, b=b, tp=tp, rep_div=rep_div)
     fused = run.fused_kernels
     unfused_attn = run.attention == AttentionKernel.unfused
     dropout = 2.0 if model.dropout else 0.0
@@ -153,6 +159,19 @@ def layer_activation_bytes(
         else:
             total += 4.0 * a * b * s / tp
     return scale * total
+
+
+def _op_sac_bytes(model: ModelSpec, *, s: float, b: float, tp: int, rep_div: int) -> float:
+    """torchtitan's per-op selective checkpointing of one layer: the block input, the
+    attention output and its fp32 log-sum-exp, and the outputs of every other matmul in
+    forward order (wq, wv, w1, w2 of wq wk wv wo w1 w3 w2); all else is recomputed."""
+    h = float(model.hidden_size)
+    q = model.num_attention_heads * model.kv_channels
+    kv = model.num_query_groups * model.kv_channels
+    f = model.expert_ffn if model.is_moe else model.ffn_hidden_size
+    replicated = 2.0 * h + 2.0 * h  # block input, w2 output (reduce-scattered with TP)
+    split = 2.0 * q + 2.0 * kv + 2.0 * f + 2.0 * q + 4.0 * model.num_attention_heads
+    return s * b * (replicated / rep_div + split / tp)
 
 
 def recompute_working_bytes(
@@ -230,17 +249,35 @@ def activation_bytes(
     loss = _last_extra(model, run, layout) if last else 0.0
     if not peak:
         return acts + loss
+    if last and run.torch_native:
+        # torch's cross entropy backward: the log-softmax's input and output gradients (fp32)
+        # next to its saved fp32 output
+        sb = model.seq_length / layout.cp * layout.micro_batch_size
+        loss += 8.0 * sb * model.vocab_size / layout.tp
     # During backward one recomputed layer is alive on top of the kept inputs; by then the
     # last stage has freed its loss activations.
     working = recompute_working_bytes(model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=rc)
     return acts + max(loss, working)
 
 
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """Sharding-independent part of a stage."""
+
+    dense: float
+    expert: float
+    layer: int
+    """Parameters of one layer on the rank (an FSDP unit)."""
+    layers: int
+    acts: float
+    frozen: float
+    edge: float
+    """Parameters of the stage's embedding or output layer (its own FSDP unit), 0 if none."""
+
+
 def _static(
     model: ModelSpec, run: RunSpec, layout: Layout, split: StageSplit, m: int, rank: int
-) -> tuple[float, float, int, int, float, float]:
-    """Sharding-independent part of a stage: (dense params, expert params, params of one
-    layer, layers, activation bytes, frozen params)."""
+) -> _Stage:
     pp = layout.pp
     first, last = rank == 0, rank == pp - 1
     layers = split.first if first else (split.last if last else split.middle)
@@ -257,29 +294,66 @@ def _static(
     acts = activation_bytes(model, run, layout, layers=layers, rank=rank, num_microbatches=m)
     lp = layer_params(model, layout.tp, layout.ep, layout.etp).total
     frozen = embedding_params(model, layout.tp) if first and run.freeze_embeddings else 0
-    return float(params.dense), float(params.expert), lp, layers, acts, float(frozen)
+    edge = max(
+        embedding_params(model, layout.tp) if first else 0,
+        output_params(model, layout.tp, pp) if last else 0,
+    )
+    return _Stage(
+        dense=float(params.dense),
+        expert=float(params.expert),
+        layer=lp,
+        layers=layers,
+        acts=acts,
+        frozen=float(frozen),
+        edge=float(edge),
+    )
+
+
+def gathered_bytes(run: RunSpec, st: _Stage, pp: int) -> tuple[float, float]:
+    """Unsharded (weights, grads) bytes that full sharding holds on top of the shards.
+
+    Megatron FSDP (megatron-core): the unit being computed and the one prefetched, each with
+    its weights (16-bit, or FP8 with `fp8_param_gather`) and its unsharded gradient in the
+    grad dtype. The largest pair is a layer with the embedding or output layer when the stage
+    holds one (the start of backward on the last stage, its end on the first).
+    PyTorch FSDP2 (`torch_native`, torchtitan): the same two units of 16-bit weights, the
+    16-bit gradient of the unit in backward and its fp32 copy for the reduce-scatter
+    (`reduce_dtype` fp32); with PP > 1 torchtitan does not reshard after forward, so the whole
+    stage stays gathered and its 16-bit gradients accumulate unsharded over micro-batches.
+    """
+    wbytes = 1.0 if run.fp8 and run.fp8_param_gather else BYTES[run.params_dtype]
+    pair = st.layer + max(st.layer, st.edge)
+    if not run.torch_native:
+        return pair * wbytes, pair * BYTES[run.grad_dtype]
+    gbytes = BYTES[run.params_dtype]
+    if pp > 1:
+        whole = st.dense + st.expert
+        return whole * wbytes, whole * gbytes + max(st.layer, st.edge) * 4.0
+    return pair * wbytes, max(st.layer, st.edge) * (gbytes + 4.0)
 
 
 def _states(
     run: RunSpec,
     sharding: Sharding,
-    static: tuple[float, float, int, int, float, float],
+    st: _Stage,
     shard: int,
     expert_shard: int,
+    pp: int = 1,
 ) -> tuple[float, float, float, float]:
     """Bytes of (weights, grads, optimizer, fp8 buffers) for one sharding choice; expert
     states shard over the expert data-parallel group (`Layout.expert_dp`)."""
-    dense, expert, lp, layers, _, frozen = static
     wd, gd, od = state_bytes(run, sharding, shard)
     we, ge, oe = state_bytes(run, sharding, expert_shard)
-    weights = dense * wd + expert * we
-    grads = dense * gd + expert * ge
-    optimizer = dense * od + expert * oe
-    grads -= frozen * gd  # train.freeze_embeddings: frozen params keep weights only
-    optimizer -= frozen * od
+    weights = st.dense * wd + st.expert * we
+    grads = st.dense * gd + st.expert * ge
+    optimizer = st.dense * od + st.expert * oe
+    grads -= st.frozen * gd  # train.freeze_embeddings: frozen params keep weights only
+    optimizer -= st.frozen * od
     if sharding == Sharding.full:
-        weights += 2 * lp * BYTES[run.params_dtype]
-        grads += 2 * lp * BYTES[run.grad_dtype]
+        gw, gg = gathered_bytes(run, st, pp)
+        weights += gw
+        grads += gg
+    lp, layers = st.layer, st.layers
     return (
         weights - _fp8_weight_saving(run, sharding, lp * layers, shard),
         grads,
@@ -320,8 +394,8 @@ def stage_terms(
     """Bytes of (weights, grads, optimizer, activations, fp8 buffers) on stage `rank`."""
     static = _static(model, run, layout, split, num_microbatches, rank)
     shard = layout.dp * layout.cp
-    w, g, o, f = _states(run, layout.optimizer_sharding, static, shard, layout.expert_dp)
-    return w, g, o, static[4], f
+    w, g, o, f = _states(run, layout.optimizer_sharding, static, shard, layout.expert_dp, layout.pp)
+    return w, g, o, static.acts, f
 
 
 def peak_gib_options(
@@ -339,7 +413,11 @@ def peak_gib_options(
     shard, scale = layout.dp * layout.cp, (1.0 + cluster.fragmentation_fraction) / GIB
     fixed = cluster.cuda_context_gib + cluster.nccl_buffer_gib
     return [
-        max(sum(_states(run, sh, st, shard, layout.expert_dp)) + st[4] for st in statics) * scale
+        max(
+            sum(_states(run, sh, st, shard, layout.expert_dp, layout.pp)) + st.acts
+            for st in statics
+        )
+        * scale
         + fixed
         for sh in shardings
     ]

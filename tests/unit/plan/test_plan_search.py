@@ -71,7 +71,8 @@ def test_every_candidate_respects_the_rules() -> None:
         assert RUN.global_batch_size % (lay.micro_batch_size * lay.dp) == 0
         assert lay.sequence_parallel == (lay.tp > 1)
         assert lay.vpp == 1 or lay.pp > 1
-        assert not (lay.optimizer_sharding == Sharding.full and lay.pp > 1)
+    # FSDP with PP > 1 is a candidate (torchtitan and Megatron FSDP run it; issue 21)
+    assert any(lay.optimizer_sharding == Sharding.full and lay.pp > 1 for lay in layouts)
     dims = {(lay.tp, lay.pp, lay.cp) for lay in layouts}
     assert (8, 1, 1) in dims and (1, 8, 1) in dims and (2, 2, 2) in dims
     assert {lay.recompute for lay in layouts} == set(Recompute)
