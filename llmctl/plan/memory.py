@@ -201,23 +201,17 @@ def in_flight(pp: int, vpp: int, num_microbatches: int, rank: int) -> float:
     return min(float(num_microbatches), chunks / vpp)
 
 
-def _first_extra(model: ModelSpec, layout: Layout) -> float:
+def _first_extra(model: ModelSpec, sb: float, div: int) -> float:
     """The token ids the embedding keeps (int64) and the embedding dropout mask."""
-    sb = model.seq_length / layout.cp * layout.micro_batch_size
-    div = layout.tp if layout.sequence_parallel else 1
     return 8.0 * sb + (sb * model.hidden_size / div if model.dropout else 0.0)
 
 
-def _last_extra(model: ModelSpec, run: RunSpec, layout: Layout) -> float:
+def _last_extra(model: ModelSpec, run: RunSpec, sb: float, div: int, tp: int) -> float:
     """Final norm input and statistics, output-layer input, fp32 logits of the cross entropy,
     int64 labels and its boolean mask."""
-    sb = model.seq_length / layout.cp * layout.micro_batch_size
-    div = layout.tp if layout.sequence_parallel else 1
     stats = 0.0 if run.fused_kernels else (4.0 if model.layernorm_bias else 2.0)
     return (
-        (4.0 * model.hidden_size + stats) * sb / div
-        + 4.0 * sb * model.vocab_size / layout.tp
-        + 9.0 * sb
+        (4.0 * model.hidden_size + stats) * sb / div + 4.0 * sb * model.vocab_size / tp + 9.0 * sb
     )
 
 
@@ -235,25 +229,56 @@ def activation_bytes(
     micro-batches in flight, plus one recomputed layer during backward), or with
     `peak=False` what one micro-batch's forward keeps on the stage (tensors shared by all
     micro-batches counted once per step, spread over them)."""
-    first, last = rank == 0, rank == layout.pp - 1
-    tp, cp, mbs, sp = layout.tp, layout.cp, layout.micro_batch_size, layout.sequence_parallel
-    rc = layout.recompute
+    return _activation_bytes(
+        model,
+        run,
+        layout.tp,
+        layout.cp,
+        layout.micro_batch_size,
+        layout.sequence_parallel,
+        layout.recompute,
+        layout.pp,
+        layout.vpp,
+        layers,
+        rank,
+        num_microbatches,
+        peak,
+    )
+
+
+@lru_cache(maxsize=65536)
+def _activation_bytes(
+    model: ModelSpec,
+    run: RunSpec,
+    tp: int,
+    cp: int,
+    mbs: int,
+    sp: bool,
+    rc: Recompute,
+    pp: int,
+    vpp: int,
+    layers: int,
+    rank: int,
+    num_microbatches: int,
+    peak: bool,
+) -> float:
+    first, last = rank == 0, rank == pp - 1
     per_layer = layer_activation_bytes(model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=rc)
-    held = in_flight(layout.pp, layout.vpp, num_microbatches, rank) if peak else 1.0
+    held = in_flight(pp, vpp, num_microbatches, rank) if peak else 1.0
     acts = per_layer * layers * held
+    sb = model.seq_length / cp * mbs
     if first:
-        acts += _first_extra(model, layout) * held
-    if layout.recompute == Recompute.full and model.learned_positions == 0:
-        freqs = 4.0 * model.seq_length / layout.cp * model.kv_channels  # fp32, shared
+        acts += _first_extra(model, sb, tp if sp else 1) * held
+    if rc == Recompute.full and model.learned_positions == 0:
+        freqs = 4.0 * model.seq_length / cp * model.kv_channels  # fp32, shared
         acts += freqs if peak else freqs / num_microbatches
-    loss = _last_extra(model, run, layout) if last else 0.0
+    loss = _last_extra(model, run, sb, tp if sp else 1, tp) if last else 0.0
     if not peak:
         return acts + loss
     if last and run.torch_native:
         # torch's cross entropy backward: the log-softmax's input and output gradients (fp32)
         # next to its saved fp32 output
-        sb = model.seq_length / layout.cp * layout.micro_batch_size
-        loss += 8.0 * sb * model.vocab_size / layout.tp
+        loss += 8.0 * sb * model.vocab_size / tp
     # During backward one recomputed layer is alive on top of the kept inputs; by then the
     # last stage has freed its loss activations.
     working = recompute_working_bytes(model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=rc)
@@ -342,8 +367,20 @@ def _states(
 ) -> tuple[float, float, float, float]:
     """Bytes of (weights, grads, optimizer, fp8 buffers) for one sharding choice; expert
     states shard over the expert data-parallel group (`Layout.expert_dp`)."""
-    wd, gd, od = state_bytes(run, sharding, shard)
-    we, ge, oe = state_bytes(run, sharding, expert_shard)
+    per = state_bytes(run, sharding, shard), state_bytes(run, sharding, expert_shard)
+    return _states_with(run, sharding, st, shard, per, pp)
+
+
+def _states_with(
+    run: RunSpec,
+    sharding: Sharding,
+    st: _Stage,
+    shard: int,
+    per: tuple[tuple[float, float, float], tuple[float, float, float]],
+    pp: int,
+) -> tuple[float, float, float, float]:
+    """`_states` with the bytes per parameter (dense, expert) already looked up."""
+    (wd, gd, od), (we, ge, oe) = per
     weights = st.dense * wd + st.expert * we
     grads = st.dense * gd + st.expert * ge
     optimizer = st.dense * od + st.expert * oe
@@ -412,15 +449,14 @@ def peak_gib_options(
     statics = [_static(model, run, layout, split, num_microbatches, r) for r in _ranks(layout.pp)]
     shard, scale = layout.dp * layout.cp, (1.0 + cluster.fragmentation_fraction) / GIB
     fixed = cluster.cuda_context_gib + cluster.nccl_buffer_gib
-    return [
-        max(
-            sum(_states(run, sh, st, shard, layout.expert_dp, layout.pp)) + st.acts
-            for st in statics
+    out = []
+    for sh in shardings:
+        per = state_bytes(run, sh, shard), state_bytes(run, sh, layout.expert_dp)
+        worst = max(
+            sum(_states_with(run, sh, st, shard, per, layout.pp)) + st.acts for st in statics
         )
-        * scale
-        + fixed
-        for sh in shardings
-    ]
+        out.append(worst * scale + fixed)
+    return out
 
 
 def _ranks(pp: int) -> tuple[int, ...]:
