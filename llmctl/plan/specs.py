@@ -241,6 +241,15 @@ class RunSpec:
     """LoRA (`train.peft=lora`, llmctl.plan.lora): adapter rank; 0 = no LoRA."""
     lora_targets: tuple[str, ...] = ()
     """Hugging Face names of the adapted linears (q_proj ... down_proj)."""
+    fused_kernels: bool = True
+    """Transformer Engine / fused CUDA kernels (masked softmax, RoPE, SwiGLU, norms). False is
+    megatron-core's local CPU path, whose unfused kernels save more for backward (measured by
+    the CPU memory oracle; `llmctl.plan.memory`)."""
+    torch_native: bool = False
+    """Memory as PyTorch-native training runs it (torchtitan): full sharding is FSDP2 (fp32
+    sharded parameters, per-block gathers, no reshard after forward with PP > 1), the loss is
+    torch's cross entropy over fp32 logits, selective recompute is torchtitan's per-op
+    policy (`llmctl.plan.memory`)."""
     moe_a2a_overlap: bool = False
     """MoE all-to-alls overlapped with another micro-batch's compute (megatron-core
     `overlap_moe_expert_parallel_comm`; off by default, on in Megatron-Bridge's Qwen3-235B

@@ -15,6 +15,9 @@ parallelism, FSDP2, `torch.distributed.pipelining`) runs the same math with diff
 - MoE all-to-all overlap (`parallel.moe_a2a_overlap`): as set; off natively.
 - FP8 weights gathered in FP8 when `precision.fp8_param_gather` is unset: on with TE's
   Float8Tensor, off natively (torchao's FSDP2 float8 all-gather is opt-in).
+- Memory (`RunSpec.torch_native`, llmctl.plan.memory): full sharding as FSDP2 runs it (fp32
+  sharded parameters, per-block gathers, no reshard after forward with PP > 1), torch's cross
+  entropy over fp32 logits, torchtitan's per-op selective recompute.
 - Data-parallel / FSDP overlap and kernels (attention, GEMM fractions, element-wise passes):
   unchanged; no published pair of runs isolates them.
 
@@ -45,5 +48,5 @@ def apply_stack(inp: PlanInput, stack: Stack) -> PlanInput:
     return replace(
         inp,
         cluster=replace(inp.cluster, efficiency=eff),
-        run=replace(inp.run, moe_a2a_overlap=False),
+        run=replace(inp.run, moe_a2a_overlap=False, torch_native=True),
     )

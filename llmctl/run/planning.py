@@ -154,6 +154,7 @@ def run_spec(cfg: RootConfig) -> RunSpec:
         fp8=fp8,
         fp8_param_gather=fp8 and _fp8_param_gather(cfg),
         attention=attention_kernel(cfg),
+        fused_kernels=cfg.cluster.device == "cuda",  # CPU runs megatron-core's local spec
         train_tokens=cfg.train.train_tokens,
         freeze_embeddings=cfg.train.freeze_embeddings,
         **_lora_fields(cfg),

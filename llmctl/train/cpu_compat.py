@@ -178,6 +178,18 @@ def _patch_torch_cuda() -> None:
     setattr(torch.Tensor, "record_stream", lambda self, *a, **k: None)  # noqa: B010
 
 
+def _patch_checkpoint_rng() -> None:
+    """Activation recompute (megatron's `CheckpointFunction`) saves and restores the CUDA
+    RNG state around each recomputed layer; on CPU that state is the CPU generator's."""
+    import torch
+    from megatron.core.tensor_parallel import random as mrandom
+
+    for name in ("_get_cuda_rng_state", "_set_cuda_rng_state"):
+        _SAVED[(mrandom, name)] = getattr(mrandom, name)
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+
 def _cpu_rng_tracker_class() -> type:
     import torch
     from megatron.core.tensor_parallel import random as mrandom
@@ -248,6 +260,7 @@ def install() -> None:
         "ignore", message=r".*(Apex|Transformer Engine).*", category=UserWarning
     )
     _patch_torch_cuda()
+    _patch_checkpoint_rng()
     _MODE = _make_mode()
     _MODE.__enter__()
     _INSTALLED = True

@@ -211,3 +211,18 @@ def test_fixed_pp_rejects_no_layout_its_own_product_rules_out() -> None:
     assert res.exit_code == 0, res.output
     assert "not divisible by TP*PP*CP" not in res.output and "TP*CP" not in res.output
     assert "Fastest layouts that fit" in res.output
+
+
+def test_fsdp_with_pp_is_planned_when_fixed_and_searched_for_torch_native() -> None:
+    """torchtitan runs FSDP2 with PP (Llama 3.1 405B: FSDP8 TP8 PP8); Megatron FSDP with PP
+    is accepted when fixed (issue 21)."""
+    from dataclasses import replace
+
+    fixed = _inp(optimizer_sharding=Sharding.full, pp=4)
+    layouts, _ = candidates(fixed)
+    assert layouts and all(
+        lay.pp == 4 and lay.optimizer_sharding == Sharding.full for lay in layouts
+    )
+    native = replace(_inp(), run=replace(RUN, torch_native=True))
+    layouts, _ = candidates(native)
+    assert any(lay.optimizer_sharding == Sharding.full and lay.pp > 1 for lay in layouts)

@@ -27,6 +27,7 @@ def _clear_caches() -> None:
         params.output_params,
         flops.token_flops,
         memory.layer_activation_bytes,
+        memory._activation_bytes,
         perf._slot_cached,
         perf.layer_gemm_s,
         perf._logits_s,
