@@ -61,14 +61,18 @@ def _scale() -> float:
 
 def test_405b_on_1024_gpus_searches_in_under_1s_cpu() -> None:
     inp = plan_input(compose(RECIPE, []))
-    best = float("inf")
-    for _ in range(2):
+    # The search and the host unit alternate, and the least slowed-down round counts: on a
+    # loaded host a busy spell can hit the search and miss the unit measured beside it.
+    rounds = []
+    for _ in range(3):
         _clear_caches()
         t = time.process_time()
         res = plan(inp)
-        best = min(best, time.process_time() - t)
+        spent = time.process_time() - t
+        rounds.append((spent / max(1.0, _host_unit() / REFERENCE_UNIT_S), spent))
     assert res.num_candidates > 10_000
-    assert best < 1.0 * _scale(), f"{best:.3f} s CPU, host unit {_host_unit():.3f} s"
+    scaled, spent = min(rounds)
+    assert scaled < 1.0, f"{spent:.3f} s CPU, {scaled:.3f} s at the reference host's speed"
 
 
 def test_plan_json_process_under_2s_cpu() -> None:
