@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import accumulate, filterfalse
+from itertools import accumulate, filterfalse, pairwise
 
 from llmctl.data.filters.text import (
     PUNCTUATION,
@@ -191,7 +191,8 @@ class NGrams:
             # no (n-1)-gram repeats, so no n-gram does: the first one is the most frequent
             self._max_count[n] = 1
             return sum(map(len, words[:n])) + n - 1
-        counts = Counter(zip(*(words[i:] for i in range(n)), strict=False))
+        grams = pairwise(words) if n == 2 else zip(*(words[i:] for i in range(n)), strict=False)
+        counts: Counter[tuple[str, ...]] = Counter(grams)
         count = self._max_count[n] = max(counts.values())
         # the first key counted `count` times: `Counter.most_common(1)`'s choice
         gram = next(g for g, c in counts.items() if c == count)
@@ -264,7 +265,15 @@ def duplicated_ngram_chars(words: list[str], n: int) -> int:
 
 
 _PARAGRAPHS = re.compile(r"\n{2,}")
-_LINES = re.compile(r"\n+")
+
+
+def split_lines(text: str) -> list[str]:
+    """`re.split(r"\n+", text)` (datatrove's line splitter) with `str.split`: the empty
+    strings between newlines go, an empty first or last piece stays."""
+    parts = text.split("\n")
+    if len(parts) < 3 or all(parts):
+        return parts
+    return [parts[0], *filter(None, parts[1:-1]), parts[-1]]
 
 
 @dataclass(kw_only=True)
@@ -297,7 +306,7 @@ class GopherRepetitionConfig:
             return "dup_para_frac"
         if self.dup_para_char_frac and chars / len(text) > self.dup_para_char_frac:
             return "dup_para_char_frac"
-        lines = _LINES.split(text)
+        lines = split_lines(text)
         num, chars = duplicates(lines)
         if self.dup_line_frac and num / len(lines) > self.dup_line_frac:
             return "dup_line_frac"
