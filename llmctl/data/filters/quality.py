@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate, filterfalse, pairwise
 
 from llmctl.data.filters.text import (
     PUNCTUATION,
@@ -81,19 +83,24 @@ class GopherQualityConfig:
     def check(self, doc: Doc) -> str | None:
         """The reason to reject `doc`, or None to keep it."""
         text, words = doc.text, doc.words
-        lengths = [len(w) for w in words if w.isalnum() or not PUNCTUATION.issuperset(w)]
         if not words:
             return "gopher_short_doc"
-        if self.min_doc_words and len(lengths) < self.min_doc_words:
+        # words made of punctuation only are not counted; only non-alphanumeric words can be
+        punct = [w for w in filterfalse(str.isalnum, words) if PUNCTUATION.issuperset(w)]
+        num_words = len(words) - len(punct)
+        if self.min_doc_words and num_words < self.min_doc_words:
             return "gopher_short_doc"
-        if self.max_doc_words and len(lengths) > self.max_doc_words:
+        if self.max_doc_words and num_words > self.max_doc_words:
             return "gopher_long_doc"
-        return self._lengths(lengths) or self._symbols(text, words) or self._words(words)
+        num_chars = sum(map(len, words)) - sum(map(len, punct))
+        return (
+            self._lengths(num_words, num_chars) or self._symbols(text, words) or self._words(words)
+        )
 
-    def _lengths(self, lengths: list[int]) -> str | None:
-        if not lengths:
+    def _lengths(self, num_words: int, num_chars: int) -> str | None:
+        if not num_words:
             return None
-        mean = sum(lengths) / len(lengths)
+        mean = num_chars / num_words
         if self.min_avg_word_length and mean < self.min_avg_word_length:
             return "gopher_below_avg_threshold"
         if self.max_avg_word_length and mean > self.max_avg_word_length:
@@ -120,7 +127,9 @@ class GopherQualityConfig:
 
     def _words(self, words: list[str]) -> str | None:
         if self.max_non_alpha_words_ratio:
-            alpha = sum(1 for w in words if w.isalpha() or any(map(str.isalpha, w)))
+            # words with a letter: all but the non-alphabetic words holding none
+            no_alpha = [w for w in filterfalse(str.isalpha, words) if not any(map(str.isalpha, w))]
+            alpha = len(words) - len(no_alpha)
             if alpha / len(words) < self.max_non_alpha_words_ratio:
                 return "gopher_below_alpha_threshold"
         if self.min_stop_words:
@@ -143,41 +152,128 @@ def duplicates(items: list[str]) -> tuple[int, int]:
     return num, chars
 
 
+WINDOW_CHARS = 12
+"""Characters of the window at each word start that screens duplicated n-grams (below)."""
+
+
+class NGrams:
+    """The word n-gram counts of one document, sharing work across n (Gopher repetition).
+
+    `top_chars(n)` counts word tuples, as datatrove counts its space-joined n-grams (words hold
+    no whitespace, so equal tuples and equal strings are the same thing). `duplicated_chars(n)`
+    follows datatrove's walk over n-grams joined *without* spaces, where different tuples can
+    spell the same string (`ab c` and `a bc`), so it compares strings, but only at the word
+    positions that can hold a repeat: two equal n-grams of at least `WINDOW_CHARS` characters
+    start with the same `WINDOW_CHARS` characters, so a position whose window occurs at no
+    other word start holds a string found nowhere else, and the walk skips it (it would only
+    add a string no later n-gram can match). The windows are cut once for every n; positions
+    whose n-gram is shorter than a window are always walked. Most documents have no repeated
+    window, and then no n-gram is built at all.
+    """
+
+    __slots__ = ("_joined", "_max_count", "_offsets", "_repeats", "_short", "words")
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+        self._offsets: list[int] | None = None
+        self._joined = ""
+        self._repeats: list[int] | None = None
+        self._short: dict[int, list[int]] = {}
+        self._max_count: dict[int, int] = {}
+
+    def top_chars(self, n: int) -> int:
+        """Characters covered by the most frequent word n-gram (joined with spaces) times its
+        count; ties go to the n-gram seen first (datatrove's `find_top_duplicate`)."""
+        words = self.words
+        if len(words) < n or n < 1:
+            return 0
+        if self._max_count.get(n - 1) == 1:
+            # no (n-1)-gram repeats, so no n-gram does: the first one is the most frequent
+            self._max_count[n] = 1
+            return sum(map(len, words[:n])) + n - 1
+        grams = pairwise(words) if n == 2 else zip(*(words[i:] for i in range(n)), strict=False)
+        counts: Counter[tuple[str, ...]] = Counter(grams)
+        count = self._max_count[n] = max(counts.values())
+        # the first key counted `count` times: `Counter.most_common(1)`'s choice
+        gram = next(g for g, c in counts.items() if c == count)
+        return (sum(map(len, gram)) + n - 1) * count
+
+    def duplicated_chars(self, n: int) -> int:
+        """Characters of n-grams (words joined without spaces) that repeat an earlier n-gram;
+        a repeat skips its n words, so no character counts twice (datatrove's
+        `find_all_duplicate`)."""
+        m = len(self.words) - n + 1
+        if m <= 0 or n < 1:
+            return 0
+        offsets, repeats = self._screen()
+        short = self._short_starts(n, m, offsets)
+        if not short and not repeats:
+            return 0
+        starts = sorted({*short, *repeats}) if short else repeats
+        joined = self._joined
+        seen: set[str] = set()
+        chars = next_free = 0
+        for i in starts:
+            if i >= m:
+                break
+            if i < next_free:
+                continue
+            gram = joined[offsets[i] : offsets[i + n]]
+            if gram in seen:
+                chars += len(gram)
+                next_free = i + n
+            else:
+                seen.add(gram)
+        return chars
+
+    def _screen(self) -> tuple[list[int], list[int]]:
+        """Word start offsets in the joined words, and the word positions whose window
+        occurs at another word start too."""
+        if self._offsets is None or self._repeats is None:
+            offsets = list(accumulate(map(len, self.words), initial=0))
+            joined = self._joined = "".join(self.words)
+            k = WINDOW_CHARS
+            windows = [joined[o : o + k] for o in offsets[:-1]]
+            counts = Counter(windows)
+            if len(counts) == len(windows):
+                self._repeats = []
+            else:
+                self._repeats = [i for i, w in enumerate(windows) if counts[w] > 1]
+            self._offsets = offsets
+        return self._offsets, self._repeats
+
+    def _short_starts(self, n: int, m: int, offsets: list[int]) -> list[int]:
+        """Positions (< m) whose n-gram is shorter than a window, from those of a smaller n
+        when known (a shorter n-gram is a prefix, so the set only shrinks as n grows)."""
+        got = self._short.get(n)
+        if got is None:
+            k = WINDOW_CHARS
+            below = [j for j in self._short if j < n]
+            pool: Iterable[int] = self._short[max(below)] if below else range(m)
+            got = self._short[n] = [i for i in pool if i < m and offsets[i + n] - offsets[i] < k]
+        return got
+
+
 def top_ngram_chars(words: list[str], n: int) -> int:
-    """Characters covered by the most frequent word n-gram (joined with spaces) times its
-    count; ties go to the n-gram seen first."""
-    counts = Counter(zip(*(words[i:] for i in range(n)), strict=False))
-    if not counts:
-        return 0
-    gram, count = counts.most_common(1)[0]
-    return (sum(map(len, gram)) + n - 1) * count
+    """`NGrams(words).top_chars(n)`."""
+    return NGrams(words).top_chars(n)
 
 
 def duplicated_ngram_chars(words: list[str], n: int) -> int:
-    """Characters of n-grams (words joined without spaces) that repeat an earlier n-gram; a
-    repeat skips its n words, so no character counts twice."""
-    grams = list(map("".join, zip(*(words[k:] for k in range(n)), strict=False)))
-    counts = Counter(grams)
-    if len(counts) == len(grams):
-        return 0  # nothing repeats (most documents)
-    # Only n-grams occurring more than once can be found in the seen set, so the walk visits
-    # just their positions; a jump past a repeat skips positions, as the full walk does.
-    seen: set[str] = set()
-    chars = next_free = 0
-    for i in [i for i, g in enumerate(grams) if counts[g] > 1]:
-        if i < next_free:
-            continue
-        gram = grams[i]
-        if gram in seen:
-            chars += len(gram)
-            next_free = i + n
-        else:
-            seen.add(gram)
-    return chars
+    """`NGrams(words).duplicated_chars(n)`."""
+    return NGrams(words).duplicated_chars(n)
 
 
 _PARAGRAPHS = re.compile(r"\n{2,}")
-_LINES = re.compile(r"\n+")
+
+
+def split_lines(text: str) -> list[str]:
+    """`re.split(r"\n+", text)` (datatrove's line splitter) with `str.split`: the empty
+    strings between newlines go, an empty first or last piece stays."""
+    parts = text.split("\n")
+    if len(parts) < 3 or all(parts):
+        return parts
+    return [parts[0], *filter(None, parts[1:-1]), parts[-1]]
 
 
 @dataclass(kw_only=True)
@@ -210,7 +306,7 @@ class GopherRepetitionConfig:
             return "dup_para_frac"
         if self.dup_para_char_frac and chars / len(text) > self.dup_para_char_frac:
             return "dup_para_char_frac"
-        lines = _LINES.split(text)
+        lines = split_lines(text)
         num, chars = duplicates(lines)
         if self.dup_line_frac and num / len(lines) > self.dup_line_frac:
             return "dup_line_frac"
@@ -219,11 +315,12 @@ class GopherRepetitionConfig:
         return self._ngrams(doc.words, len(text))
 
     def _ngrams(self, words: list[str], num_chars: int) -> str | None:
+        grams = NGrams(words)
         for n, frac in self.top_n_grams:
-            if top_ngram_chars(words, int(n)) / num_chars > frac:
+            if grams.top_chars(int(n)) / num_chars > frac:
                 return f"top_{int(n)}_gram"
         for n, frac in self.dup_n_grams:
-            if duplicated_ngram_chars(words, int(n)) / num_chars > frac:
+            if grams.duplicated_chars(int(n)) / num_chars > frac:
                 return f"duplicated_{int(n)}_n_grams"
         return None
 

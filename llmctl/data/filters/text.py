@@ -232,12 +232,12 @@ def split_words(text: str) -> list[str]:
     """The words of `text` (punctuation tokens included), about as spaCy's English tokeniser
     splits them: see the module docstring."""
     out: list[str] = []
-    append, extend = out.append, out.extend
+    append, extend, memo = out.append, out.extend, _MEMO.get
     for chunk in text.split():
         if chunk.isalnum() and chunk not in _SPLIT:
             append(chunk)
         else:
-            extend(_pieces(chunk))
+            extend(memo(chunk) or _pieces(chunk))
     return out
 
 
