@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import warnings
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
 
 log = logging.getLogger("llmctl.train")
+_DIST_VARS = frozenset(
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+)  # fmt: skip
 
 
 def _import_hf(src: Path, out: Path, tp: int) -> Path:
@@ -42,7 +47,11 @@ def _import_hf(src: Path, out: Path, tp: int) -> Path:
     if (out / "import.json").is_file():
         return out
     argv = [sys.executable, "-m", "llmctl.hf.importer", str(src), str(out), "--tp", str(tp)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    # not the rank's torchrun variables: with RANK/WORLD_SIZE the child would join (and wait
+    # for) a process group of WORLD_SIZE ranks instead of making its own one-rank group
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
+    env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         raise UserError(lines[-1].removeprefix("llmctl: ") if lines else f"import of {src} failed")
