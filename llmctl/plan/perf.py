@@ -30,7 +30,7 @@ on measured runs by `llmctl plan --calibrate`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import ceil
 
@@ -291,8 +291,16 @@ def _slot_cached(
     if last:
         gemm += _logits_s(model, cluster, run, tok, tp)
     core = _attention_s(model, cluster, run, lay, tok, c_mul)
+    # the bytes element-wise kernels touch, sized by megatron's selective activations: a
+    # measure of the layer's tensors, not of what a stack's recompute policy keeps
     act = layer_activation_bytes(
-        model, run, tp=tp, cp=cp, mbs=mbs, sp=sp, recompute=Recompute.selective
+        model,
+        replace(run, torch_native=False) if run.torch_native else run,
+        tp=tp,
+        cp=cp,
+        mbs=mbs,
+        sp=sp,
+        recompute=Recompute.selective,
     )
     elem = cluster.efficiency.elementwise_passes * act * g_mul / (cluster.hbm_bandwidth_gb_s * 1e9)
     eff = cluster.efficiency
