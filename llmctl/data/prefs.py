@@ -22,29 +22,28 @@ best fit, as two examples: in every pack the examples are numbered 1, 2, 3, ... 
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llmctl.data import indexed
 from llmctl.data.feedback import Provenance, is_feedback, parse_feedback, prompt_messages
 from llmctl.data.sft import (
     ChatRenderer,
     Packer,
+    SftConfig,
     Writers,
     _check_message,
     check_config,
-    check_outputs,
     commit_packs,
-    input_paths,
     iter_objects,
     packed_manifest,
+    staged_build,
 )
 from llmctl.errors import UserError
 
@@ -52,23 +51,9 @@ KIND = "prefs-packed"
 
 
 @dataclass(kw_only=True)
-class PrefsConfig:
-    """Options of one `llmctl data prefs` run."""
-
-    inputs: list[str]
-    """JSONL files (optionally .gz/.zst) or folders of them: preference or feedback lines."""
-    output_prefix: str
-    """Output path without suffix (the files of `llmctl data sft`)."""
-    tokenizer: str
-    """Tokenizer folder with a `chat_template`."""
-    seq_length: int
-    """Training sequence length; packs hold seq_length + 1 tokens."""
-    pack: bool = True
-    """Several pairs per pack; False puts one pair per pack."""
-    dry_run: bool = False
-    """Read, render, tokenize and pack, but write nothing."""
-    force: bool = False
-    """Replace llmctl's earlier outputs at the prefix."""
+class PrefsConfig(SftConfig):
+    """Options of one `llmctl data prefs` run: those of `data sft` (the inputs are preference
+    or feedback lines; `pack=False` puts one pair per pack)."""
 
 
 @dataclass(kw_only=True)
@@ -196,19 +181,10 @@ def build_prefs(
             final names.
     """
     check_config(cfg)
-    paths = input_paths(cfg.inputs)
-    if not cfg.dry_run:
-        check_outputs(cfg.output_prefix, cfg.force)
-    renderer = ChatRenderer(cfg.tokenizer)
-    work = Path(f"{cfg.output_prefix}.llmctl-tmp")
     summary = PrefsSummary(
         output_prefix=cfg.output_prefix, seq_length=cfg.seq_length, dry_run=cfg.dry_run
     )
-    try:
-        _run(cfg, paths, renderer, work, summary, on_progress)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    staged_build(cfg, partial(_run, cfg, summary=summary, on_progress=on_progress))
     return summary
 
 
@@ -217,20 +193,11 @@ def _run(
     paths: list[Path],
     renderer: ChatRenderer,
     work: Path,
+    writers: Writers | None,
+    *,
     summary: PrefsSummary,
     on_progress: Callable[[int, int], None] | None,
 ) -> None:
-    writers = None
-    if not cfg.dry_run:
-        shutil.rmtree(work, ignore_errors=True)
-        try:
-            work.mkdir(parents=True)
-        except OSError as e:
-            raise UserError(
-                f"--out {cfg.output_prefix}: cannot write there ({e.strerror})"
-            ) from None
-        writers = Writers(work, indexed.token_dtype(renderer.vocab_size))
-
     def emit(tokens: np.ndarray, mask: np.ndarray, docs: np.ndarray) -> None:
         summary.num_packs += 1
         summary.num_padding_tokens += int((docs == 0).sum())

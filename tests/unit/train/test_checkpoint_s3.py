@@ -22,6 +22,8 @@ import pytest
 pytest.importorskip("megatron.core")
 pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
 
+from fs_faults import fill
+
 from llmctl.config import compose
 from llmctl.run import ckpt_store as store
 from llmctl.run.ckpt_upload import read_uploads
@@ -229,20 +231,6 @@ def test_a_stopped_server_fails_the_upload_in_bounded_time(
     assert f"checkpoint iter_0000002 of {url}: downloaded" in caplog.text
 
 
-def _fill(mnt: Path) -> None:
-    """Write until the filesystem refuses (ENOSPC), in ever smaller pieces, to the last byte."""
-    import errno
-
-    with open(mnt / "filler", "wb", buffering=0) as f:
-        for size in (1 << 20, 1 << 12, 1):
-            while True:
-                try:
-                    f.write(b"\0" * size)
-                except OSError as e:
-                    assert e.errno == errno.ENOSPC, e
-                    break
-
-
 @pytest.fixture
 def small_disk(tmp_path: Path):
     """A 64 MiB tmpfs of this test's own (root and mount(8) needed); unmounted afterwards."""
@@ -298,7 +286,7 @@ def test_a_full_disk_under_the_server_fails_uploads_and_loses_nothing_committed(
         while not done.wait(0.002):
             state = read_uploads(run_dir) or {}
             if ((state.get("last_committed") or {}).get("step") or 0) >= 2:
-                _fill(small_disk)
+                fill(small_disk)
                 filled.append(int(state["last_committed"]["step"]))
                 return
 
