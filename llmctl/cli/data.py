@@ -314,16 +314,29 @@ def corpus_cmd(
     typer.echo(json.dumps(summary) if as_json else f"{summary['num_docs']} documents -> {target}")
 
 
+PackedOutOpt = Annotated[str, typer.Option("--out", "-o", help="Writes OUT.bin/.idx + companions.")]
+ChatTokenizerOpt = Annotated[
+    str, typer.Option("--tokenizer", "-t", help="Tokenizer folder with a chat_template.")
+]
+SeqLengthOpt = Annotated[int, typer.Option("--seq-length", help="Training sequence length.")]
+
+
+def _packed_report(summary: dict[str, Any], label: str, dry_run: bool, as_json: bool) -> None:
+    """What `data sft` / `data prefs` did: JSON, or the summary table."""
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        _show(summary, label + (" (dry run)" if dry_run else ""))
+
+
 @app.command("sft")
 def sft_cmd(
     inputs: Annotated[
         list[str], typer.Argument(help="JSONL files or folders: chat or prompt/completion.")
     ],
-    out: Annotated[str, typer.Option("--out", "-o", help="Writes OUT.bin/.idx + companions.")],
-    tokenizer: Annotated[
-        str, typer.Option("--tokenizer", "-t", help="Tokenizer folder with a chat_template.")
-    ],
-    seq_length: Annotated[int, typer.Option("--seq-length", help="Training sequence length.")],
+    out: PackedOutOpt,
+    tokenizer: ChatTokenizerOpt,
+    seq_length: SeqLengthOpt,
     pack: Annotated[
         bool, typer.Option("--pack/--no-pack", help="Several examples per sequence.")
     ] = True,
@@ -340,11 +353,7 @@ def sft_cmd(
         inputs=inputs, output_prefix=out, tokenizer=tokenizer, seq_length=seq_length,
         pack=pack, dry_run=dry_run, force=force,
     )  # fmt: skip
-    summary = run_sft(cfg, show_progress=not as_json)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        _show(summary, f"sft -> {out}" + (" (dry run)" if dry_run else ""))
+    _packed_report(run_sft(cfg, show_progress=not as_json), f"sft -> {out}", dry_run, as_json)
 
 
 @app.command("prefs")
@@ -355,11 +364,9 @@ def prefs_cmd(
             help="JSONL files or folders: prompt/messages + chosen/rejected, or feedback."
         ),
     ],
-    out: Annotated[str, typer.Option("--out", "-o", help="Writes OUT.bin/.idx + companions.")],
-    tokenizer: Annotated[
-        str, typer.Option("--tokenizer", "-t", help="Tokenizer folder with a chat_template.")
-    ],
-    seq_length: Annotated[int, typer.Option("--seq-length", help="Training sequence length.")],
+    out: PackedOutOpt,
+    tokenizer: ChatTokenizerOpt,
+    seq_length: SeqLengthOpt,
     pack: Annotated[
         bool, typer.Option("--pack/--no-pack", help="Several pairs per sequence.")
     ] = True,
@@ -376,11 +383,7 @@ def prefs_cmd(
         inputs=inputs, output_prefix=out, tokenizer=tokenizer, seq_length=seq_length,
         pack=pack, dry_run=dry_run, force=force,
     )  # fmt: skip
-    summary = run_prefs(cfg, show_progress=not as_json)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        _show(summary, f"prefs -> {out}" + (" (dry run)" if dry_run else ""))
+    _packed_report(run_prefs(cfg, show_progress=not as_json), f"prefs -> {out}", dry_run, as_json)
 
 
 @app.command("demo")
