@@ -16,19 +16,29 @@ from llmctl.plan.specs import ModelSpec, RunSpec
 _ROW = ("o_proj", "down_proj")
 
 
-def _in_out(model: ModelSpec, target: str) -> tuple[int, int]:
-    h, d = model.hidden_size, model.kv_channels
-    q, kv = model.num_attention_heads * d, model.num_query_groups * d
-    f = model.expert_ffn if model.is_moe else model.ffn_hidden_size
+def target_dims(
+    hidden: int, ffn: int, kv_channels: int, heads: int, groups: int, target: str
+) -> tuple[int, int]:
+    """(in, out) features of the Hugging Face linear `target` (q_proj ... down_proj) of a
+    layer, unsharded; shared by the planner and the trainer's adapters."""
+    q, kv = heads * kv_channels, groups * kv_channels
     return {
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, f),
-        "up_proj": (h, f),
-        "down_proj": (f, h),
+        "q_proj": (hidden, q),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (q, hidden),
+        "gate_proj": (hidden, ffn),
+        "up_proj": (hidden, ffn),
+        "down_proj": (ffn, hidden),
     }[target]
+
+
+def _in_out(model: ModelSpec, target: str) -> tuple[int, int]:
+    f = model.expert_ffn if model.is_moe else model.ffn_hidden_size
+    return target_dims(
+        model.hidden_size, f, model.kv_channels, model.num_attention_heads,
+        model.num_query_groups, target,
+    )  # fmt: skip
 
 
 def adapter_params_per_layer(model: ModelSpec, run: RunSpec, tp: int = 1) -> int:

@@ -96,18 +96,13 @@ def enabled(cfg: RootConfig) -> bool:
 
 def dims(model: Any, hf: str) -> tuple[int, int]:
     """(in, out) features of target `hf` in the full (unsharded) model."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    d = model.kv_channels or h // model.num_attention_heads
-    q, kv = model.num_attention_heads * d, model.num_query_groups * d
-    return {
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, f),
-        "up_proj": (h, f),
-        "down_proj": (f, h),
-    }[hf]
+    from llmctl.plan.lora import target_dims
+
+    d = model.kv_channels or model.hidden_size // model.num_attention_heads
+    return target_dims(
+        model.hidden_size, model.ffn_hidden_size, d, model.num_attention_heads,
+        model.num_query_groups, hf,
+    )  # fmt: skip
 
 
 def is_adapter_key(key: str) -> bool:
