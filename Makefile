@@ -23,7 +23,7 @@ venv: $(STAMP) ## Create .venv with torch 2.13.0 (CPU), megatron-core and every 
 demo: venv ## Run the demo on this CPU machine (topology, plan, data, training, quantization)
 	bash scripts/demo.sh
 
-demo-finetune: venv ## Import a Hugging Face model made here, fine-tune it (SFT) on CPU, export, quantize
+demo-finetune: venv ## HF model made here: import, eval, SFT with LoRA, DPO, export, quantize, eval (CPU)
 	bash scripts/demo_finetune.sh
 
 cluster-up: ## Start the local one-node SLURM cluster (root; Debian packages)
