@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_refusal import assert_line_refused
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -153,12 +154,7 @@ def test_bad_line_is_one_line_rc2_and_writes_nothing(case, tok_dir, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [GOOD, GOOD, bad, GOOD])
     out = tmp_path / "out" / "pairs"
     args = ["data", "prefs", str(src), "-o", str(out), "-t", str(tok_dir), "--seq-length", "64"]
-    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
-    assert result.exit_code == 2, result.output
-    assert f"{src}:3: " in result.output and expected in result.output, result.output
-    assert "Traceback" not in result.output
-    left = list((tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
-    assert left == []
+    assert_line_refused(args, src, 3, expected, tmp_path / "out")
 
 
 def test_sft_refuses_a_preference_line_by_name(tok_dir, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_refusal import assert_line_refused
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -198,12 +199,7 @@ def test_bad_line_is_one_line_rc2_and_writes_nothing(case, tok_dir, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [good, good, bad_record, good])
     out = tmp_path / "out" / "sft"
     args = ["data", "sft", str(src), "-o", str(out), "-t", str(tok_dir), "--seq-length", "32"]
-    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
-    assert result.exit_code == 2, result.output
-    assert f"{src}:3: " in result.output and expected in result.output, result.output
-    assert "Traceback" not in result.output
-    left = list((tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
-    assert left == []
+    assert_line_refused(args, src, 3, expected, tmp_path / "out")
 
 
 def test_console_script_prints_one_line(tok_dir, tmp_path):

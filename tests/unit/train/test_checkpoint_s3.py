@@ -96,6 +96,14 @@ def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> list[fl
     return list(_train(_cfg(corpus, ITERS), tmp_path_factory.mktemp("reference")).losses)
 
 
+def _point_at(server, monkeypatch) -> None:
+    """The standard AWS variables of this process point at `server` (and only there)."""
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _files_with(run_dir: Path, secret: bytes) -> list[str]:
     return [
         str(p.relative_to(run_dir))
@@ -178,10 +186,7 @@ def test_a_stopped_server_fails_the_upload_in_bounded_time(
 
     caplog.set_level(logging.INFO, logger="llmctl.train.checkpoint")
     server = s3_server_factory()
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
+    _point_at(server, monkeypatch)
     url = f"s3://{server.bucket}/stop/checkpoints"
     run_dir = tmp_path / "run"
     extra = (
@@ -269,10 +274,7 @@ def test_a_full_disk_under_the_server_fails_uploads_and_loses_nothing_committed(
 
     caplog.set_level(logging.INFO, logger="llmctl.train.checkpoint")
     server = s3_server_factory(data_dir=small_disk / "data")
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
+    _point_at(server, monkeypatch)
     url = f"s3://{server.bucket}/full/checkpoints"
     run_dir = tmp_path / "run"
     extra = (

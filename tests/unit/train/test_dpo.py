@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dpo_support import import_model, make_hf_llama, pairs_prefix
+from inproc import train_losses
 
 from llmctl.config import compose
 from llmctl.data.prefs_demo import name_pairs
@@ -414,26 +415,19 @@ def test_resumed_run_reads_the_reference_back_and_continues_bit_for_bit(models, 
     """The reference is the starting model, which a resumed run no longer holds: it reads the
     saved log-probs back, and its losses equal an uninterrupted run's exactly; without the
     saved table it refuses to go on."""
-    import torch
 
     from llmctl.errors import UserError
-    from llmctl.run.rundir import create_run_dir
-    from llmctl.train import run_in_process
 
     prefix = pairs_prefix(tmp_path, models["tok"], name_pairs(40, seed=2))
     common = ["train.lr_decay_iters=4", "train.global_batch_size=4", "parallel.micro_batch_size=2",
               "train.lr=3e-3", "checkpoint.async_save=false", f"data.split='{SPLIT}'"]  # fmt: skip
 
     def run(run_dir: Path, steps: int, *extra: str, create: bool = True) -> list[float]:
-        cfg = _cfg(models, prefix, run_dir, f"train.train_iters={steps}", *common, *extra)
-        if create:
-            create_run_dir(cfg, None)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run_in_process(cfg, run_dir).losses
-        finally:
-            torch.set_num_threads(threads)
+        return train_losses(
+            _cfg(models, prefix, run_dir, f"train.train_iters={steps}", *common, *extra),
+            run_dir,
+            create,
+        )
 
     full = run(tmp_path / "full", 4)
     first = run(tmp_path / "part", 2, "checkpoint.interval=2")

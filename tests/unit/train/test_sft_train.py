@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from inproc import train_losses
 
 from llmctl.config import compose
 from llmctl.data.sft import SftConfig, build_sft
@@ -299,23 +300,13 @@ def test_loss_weights_every_trained_token_the_same_whatever_the_micro_batch(pack
 def test_resumed_sft_run_continues_bit_for_bit(packs, tmp_path):
     """A run stopped after a checkpoint at step 2 and resumed gives the losses of an
     uninterrupted run exactly (the SFT sample stream is a function of consumed samples)."""
-    import torch
-
-    from llmctl.run.rundir import create_run_dir
-    from llmctl.train import run_in_process
 
     common = ["train.lr_decay_iters=4", "train.eval_interval=0", "checkpoint.async_save=false"]
 
     def run(run_dir: Path, steps: int, *extra: str, create: bool = True) -> list[float]:
-        cfg = _cfg(packs, run_dir, f"train.train_iters={steps}", *common, *extra)
-        if create:
-            create_run_dir(cfg, None)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run_in_process(cfg, run_dir).losses
-        finally:
-            torch.set_num_threads(threads)
+        return train_losses(
+            _cfg(packs, run_dir, f"train.train_iters={steps}", *common, *extra), run_dir, create
+        )
 
     full = run(tmp_path / "full", 4)
     first = run(tmp_path / "part", 2, "checkpoint.interval=2")
