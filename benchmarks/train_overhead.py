@@ -106,6 +106,7 @@ def worker_bare(steps: int, cache: str) -> dict[str, float]:
 
     from llmctl.data.demo import prepare_demo_data
     from llmctl.train import cpu_compat
+    from llmctl.train.cpu_compat import CPU_KERNEL_FLAGS
 
     cpu_compat.install()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -125,13 +126,7 @@ def worker_bare(steps: int, cache: str) -> dict[str, float]:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         layernorm_epsilon=1e-5,
-        use_cpu_initialization=True,
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
+        **CPU_KERNEL_FLAGS,
     )
     model = GPTModel(
         config=config,

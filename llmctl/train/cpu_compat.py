@@ -27,6 +27,17 @@ from collections.abc import Iterator
 from typing import Any
 
 _INSTALLED = False
+
+#: `TransformerConfig` flags that keep megatron-core on its local (unfused) CPU kernels.
+CPU_KERNEL_FLAGS: dict[str, bool] = {
+    "use_cpu_initialization": True,
+    "gradient_accumulation_fusion": False,
+    "bias_activation_fusion": False,
+    "masked_softmax_fusion": False,
+    "bias_dropout_fusion": False,
+    "apply_rope_fusion": False,
+    "persist_layer_norm": False,
+}
 _MODE: Any = None
 _SAVED: dict[tuple[Any, str], Any] = {}
 _CUDA_PATCHES = [

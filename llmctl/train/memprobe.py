@@ -223,6 +223,8 @@ def _config(shape: ProbeShape, lay: ProbeLayout) -> Any:
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from llmctl.train.cpu_compat import CPU_KERNEL_FLAGS
+
     recompute: dict[str, Any] = {}
     if lay.recompute == "full":
         recompute = dict(
@@ -247,13 +249,7 @@ def _config(shape: ProbeShape, lay: ProbeLayout) -> Any:
         pipeline_model_parallel_size=lay.pp,
         virtual_pipeline_model_parallel_size=lay.vpp if lay.vpp > 1 else None,
         sequence_parallel=lay.sp,
-        use_cpu_initialization=True,
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
+        **CPU_KERNEL_FLAGS,
         batch_p2p_comm=False,
         deallocate_pipeline_outputs=True,
         params_dtype=dtype,

@@ -77,6 +77,7 @@ def _build(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from llmctl.train import cpu_compat
+    from llmctl.train.cpu_compat import CPU_KERNEL_FLAGS
 
     ps.destroy_model_parallel()
     ps.initialize_model_parallel(
@@ -101,13 +102,7 @@ def _build(
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=etp,
-        use_cpu_initialization=True,
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
+        **CPU_KERNEL_FLAGS,
         params_dtype=dtype or torch.float32,
         pipeline_dtype=dtype or torch.float32,
         bf16=dtype is torch.bfloat16,
