@@ -44,10 +44,15 @@ SHIPPED: dict[str, ShippedTask] = {
 DEFAULT_TASKS: tuple[str, ...] = ("llmctl_arith",)
 
 
+#: First line of every task YAML llmctl writes: what `--write-tasks` may replace.
+YAML_HEADER = "# written by llmctl eval (a shipped task); llmctl rewrites this file"
+
+
 def task_yaml(task: ShippedTask, cache_dir: Path) -> str:
     """The harness YAML of a shipped task, naming its JSONL by absolute path."""
     data = (TASK_FILES / task.jsonl).resolve()
     return (
+        f"{YAML_HEADER}\n"
         f"task: {task.name}\n"
         "dataset_path: json\n"
         "dataset_kwargs:\n"
@@ -69,10 +74,25 @@ def task_yaml(task: ShippedTask, cache_dir: Path) -> str:
 def write_shipped_tasks(dest: Path) -> Path:
     """Write every shipped task's YAML into `dest` (created); returns `dest`, the folder to
     give the harness as `include_path` (also what `python -m lm_eval --include_path` reads)."""
+    for task in SHIPPED.values():  # a file of the same name that llmctl did not write stays
+        target = dest / f"{task.name}.yaml"
+        if target.is_dir() or (target.exists() and not _ours(target)):
+            raise UserError(
+                f"--write-tasks {dest}: {target.name} is there and llmctl did not write it; "
+                "choose another folder"
+            )
     dest.mkdir(parents=True, exist_ok=True)
     for task in SHIPPED.values():
         (dest / f"{task.name}.yaml").write_text(task_yaml(task, dest / "datasets_cache"))
     return dest
+
+
+def _ours(path: Path) -> bool:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return f.readline().rstrip("\n") == YAML_HEADER
+    except OSError:
+        return False
 
 
 def _tag_tolerant_loader() -> type:

@@ -118,6 +118,16 @@ def test_shipped_task_yaml_names_its_jsonl_absolutely(tmp_path: Path) -> None:
         assert int(r["choices"][r["answer"]]) == a + b and len(set(r["choices"])) == 4
 
 
+def test_write_tasks_keeps_a_users_file_of_the_same_name(fails: Any, tmp_path: Path) -> None:
+    """`--write-tasks DIR` rewrites only task files llmctl wrote; a user's stays untouched."""
+    dest = tmp_path / "tasks"
+    write_shipped_tasks(dest)
+    write_shipped_tasks(dest)  # its own earlier output: rewritten
+    (dest / "llmctl_arith.yaml").write_text("task: mine\n")
+    fails([str(tmp_path), "--write-tasks", str(dest), "--dry-run"], "llmctl did not write it")
+    assert (dest / "llmctl_arith.yaml").read_text() == "task: mine\n"
+
+
 @pytest.mark.parametrize("split", ["98,2,0", "90,7,3", "1,1,1", "80/15/5"])
 def test_validation_split_is_megatrons(tmp_path: Path, split: str) -> None:
     """The validation sequences of megatron-core's split matrix, cut as its builder cuts them."""
