@@ -11,9 +11,21 @@
 # Clients (sbatch, sinfo, scontrol) find the configuration through /etc/slurm/slurm.conf, which
 # `up` makes a link to the run folder's file when nothing else is there; otherwise export
 # SLURM_CONF=<run folder>/etc/slurm.conf (printed by `up` and `status`).
+#
+# Several nodes: LLMCTL_SLURM_NETNS=N (2..9) makes a separate cluster of N nodes h0..hN-1, each a
+# network namespace (scripts/netns_hosts.sh, its own set under the run folder) with its own
+# slurmd; slurmctld listens on the bridge's .1 address. Give it its own run folder and port,
+# e.g. LLMCTL_SLURM_DIR=/tmp/llmctl-slurm-netns LLMCTL_SLURMCTLD_PORT=6917; clients then need
+# SLURM_CONF=<run folder>/etc/slurm.conf (no /etc/slurm link is made). LLMCTL_SLURM_TOPOLOGY
+# ("leaf0=h[0-1] leaf1=h2") adds TopologyPlugin=topology/tree and a topology.conf of those leaf
+# switches under one spine; LLMCTL_SLURM_SWITCH_WAIT (seconds, default 10) is max_switch_wait.
 set -euo pipefail
 
 DIR="${LLMCTL_SLURM_DIR:-/tmp/llmctl-slurm}"
+NETNS_N="${LLMCTL_SLURM_NETNS:-0}"
+TOPOLOGY="${LLMCTL_SLURM_TOPOLOGY:-}"
+SWITCH_WAIT="${LLMCTL_SLURM_SWITCH_WAIT:-10}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
 CONF="$DIR/etc/slurm.conf"
 SYS_CONF=/etc/slurm/slurm.conf
 CTLD_PORT="${LLMCTL_SLURMCTLD_PORT:-6817}"
@@ -95,9 +107,60 @@ cgroup_usable() {
   done
 }
 
+# The netns host set of a multi-node cluster: its own folder, names, bridge and links.
+netns_env() {
+  export LLMCTL_NETNS_DIR="$DIR/netns" LLMCTL_NETNS_PREFIX="llmslurm-" \
+    LLMCTL_NETNS_BRIDGE="llmslurmbr0" LLMCTL_NETNS_VETH="llms"
+}
+
+# NodeName/PartitionName lines of the cluster.
+node_lines() {
+  local host=$1 cpus=$2 mem=$3 net i nodes=$1
+  if (( NETNS_N == 0 )); then
+    echo "NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+  else
+    net=$(<"$DIR/netns/subnet")
+    nodes="h[0-$((NETNS_N - 1))]"
+    for i in $(seq 0 $((NETNS_N - 1))); do
+      # every node is the whole machine; slurmd -C must not find fewer CPUs than stated
+      echo "NodeName=h$i NodeAddr=$net.$((i + 2)) NodeHostname=h$i CPUs=$cpus RealMemory=$((mem / NETNS_N)) State=UNKNOWN"
+    done
+  fi
+  echo "PartitionName=local Nodes=$nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
+}
+
+topology_conf() {
+  local leaves=() pair
+  rm -f "$DIR/etc/topology.conf"
+  [[ -n $TOPOLOGY ]] || return 0
+  {
+    echo "# Written by scripts/slurm_local.sh from LLMCTL_SLURM_TOPOLOGY."
+    for pair in $TOPOLOGY; do
+      [[ $pair == *=* ]] || die "LLMCTL_SLURM_TOPOLOGY entry '$pair' is not SWITCH=NODES"
+      echo "SwitchName=${pair%%=*} Nodes=${pair#*=}"
+      leaves+=("${pair%%=*}")
+    done
+    echo "SwitchName=spine Switches=$(IFS=,; echo "${leaves[*]}")"
+  } >"$DIR/etc/topology.conf"
+  chmod 0644 "$DIR/etc/topology.conf"
+}
+
 write_config() {
-  local host node_line track task
+  local host node_line track task ctld_host sched=batch_sched_delay=0 topo=topology/none per_node=
   host=$(hostname -s)
+  ctld_host=$host
+  if (( NETNS_N > 0 )); then
+    ctld_host="$host($(<"$DIR/netns/subnet").1)"
+    per_node=-%n  # one spool, PID file and log per slurmd
+    sched="$sched,sched_interval=2,bf_interval=2"  # a job SLURM stops holding starts soon after
+    LLMCTL_SLURM_NO_CGROUP=1  # several slurmds on one cgroup tree would share job cgroups
+    netns_env
+  fi
+  topology_conf
+  if [[ -n $TOPOLOGY ]]; then
+    topo=topology/tree
+    sched="$sched,max_switch_wait=$SWITCH_WAIT"
+  fi
   getent hosts "$host" >/dev/null || die "hostname '$host' does not resolve: add '127.0.0.1 $host' to /etc/hosts"
   node_line=$(slurmd -C 2>/dev/null | head -1)
   [[ $node_line == NodeName=* ]] || die "slurmd -C printed no node line"
@@ -120,7 +183,7 @@ EOF
   cat >"$CONF" <<EOF
 # Written by scripts/slurm_local.sh: a one-node cluster for tests. Do not edit; rerun 'up'.
 ClusterName=llmctl-local
-SlurmctldHost=$host
+SlurmctldHost=$ctld_host
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
@@ -128,11 +191,11 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool$per_node
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd$per_node.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd$per_node.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=$track
@@ -140,7 +203,8 @@ TaskPlugin=$task
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=$sched
+TopologyPlugin=$topo
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
@@ -149,10 +213,10 @@ ReturnToService=2
 MinJobAge=300
 KillWait=30
 InactiveLimit=0
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
-PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$(node_lines "$host" "$cpus" "$mem")
 EOF
   chmod 0644 "$CONF"
+  (( NETNS_N == 0 )) || return 0  # clients of a netns cluster use SLURM_CONF
   # Link the client config when /etc/slurm/slurm.conf is free, ours, or a dangling link.
   mkdir -p /etc/slurm
   if [[ ! -e $SYS_CONF || ( -L $SYS_CONF && $(readlink "$SYS_CONF") == "$CONF" ) ]]; then
@@ -162,25 +226,60 @@ EOF
   fi
 }
 
+# The cluster's node names, one per line.
+nodes() {
+  if (( NETNS_N == 0 )); then hostname -s; else seq -f 'h%g' 0 $((NETNS_N - 1)); fi
+}
+
+slurmd_pidfile() { if (( NETNS_N == 0 )); then echo "$DIR/run/slurmd.pid"; else echo "$DIR/run/slurmd-$1.pid"; fi; }
+
+start_slurmd() {
+  local node=$1
+  alive "$(slurmd_pidfile "$node")" && return 0
+  if (( NETNS_N == 0 )); then
+    slurmd -f "$CONF" 9>&- || die "slurmd failed; see $DIR/log/slurmd.log"
+  else
+    # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs the cgroup mount under
+    # it; the namespace's hosts file is bound over /etc/hosts in a private mount namespace.
+    local ns="${LLMCTL_NETNS_PREFIX}$node"
+    mkdir -p "$DIR/spool-$node"
+    nsenter --net="/run/netns/$ns" unshare --uts --mount sh -c \
+      "mount --bind /etc/netns/$ns/hosts /etc/hosts && hostname $node && exec slurmd -f '$CONF'" 9>&- \
+      || die "slurmd of $node failed; see $DIR/log/slurmd-$node.log"
+  fi
+}
+
 wait_idle() {
-  local i state host
-  host=$(hostname -s)
-  for i in $(seq $((WAIT_S * 5))); do
-    state=$(SLURM_CONF=$CONF sinfo -h -n "$host" -o '%T' 2>/dev/null | head -1 || true)
-    case $state in
-      idle|mixed|allocated|completing) return 0 ;;
-      down*|drain*|fail*) SLURM_CONF=$CONF scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true ;;
-    esac
-    sleep 0.2
+  local i state node
+  for node in $(nodes); do
+    for i in $(seq $((WAIT_S * 5))); do
+      state=$(SLURM_CONF=$CONF sinfo -h -n "$node" -o '%T' 2>/dev/null | head -1 || true)
+      case $state in
+        idle|mixed|allocated|completing) break ;;
+        down*|drain*|fail*) SLURM_CONF=$CONF scontrol update NodeName="$node" State=RESUME >/dev/null 2>&1 || true ;;
+      esac
+      (( i == WAIT_S * 5 )) && die "node '$node' not idle after ${WAIT_S}s (state: ${state:-none}); see $DIR/log/"
+      sleep 0.2
+    done
   done
-  die "node '$host' not idle after ${WAIT_S}s (state: ${state:-none}); see $DIR/log/"
+}
+
+all_alive() {
+  local node
+  alive "$DIR/run/slurmctld.pid" || return 1
+  for node in $(nodes); do alive "$(slurmd_pidfile "$node")" || return 1; done
 }
 
 up() {
   need_root
   install_packages
   mkdir -p "$DIR"/{etc,state,spool,run,log}
-  if alive "$DIR/run/slurmctld.pid" && alive "$DIR/run/slurmd.pid"; then
+  if (( NETNS_N > 0 )); then
+    [[ $NETNS_N =~ ^[2-9]$ ]] || die "LLMCTL_SLURM_NETNS must be 2..9, got '$NETNS_N'"
+    netns_env
+    bash "$HERE/netns_hosts.sh" up "$NETNS_N"
+  fi
+  if all_alive; then
     wait_idle
     log "already up (SLURM_CONF=$CONF)"
     return 0
@@ -188,9 +287,10 @@ up() {
   start_munge
   write_config
   alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF" 9>&- || die "slurmctld failed; see $DIR/log/slurmctld.log"
-  alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF" 9>&- || die "slurmd failed; see $DIR/log/slurmd.log"
+  local node
+  for node in $(nodes); do start_slurmd "$node"; done
   wait_idle
-  log "up: node $(hostname -s) idle (SLURM_CONF=$CONF)"
+  log "up: node(s) $(nodes | paste -sd, -) idle (SLURM_CONF=$CONF)"
 }
 
 stop_pidfile() {
@@ -209,17 +309,21 @@ stop_pidfile() {
 
 down() {
   need_root
-  stop_pidfile "$DIR/run/slurmd.pid" slurmd
+  local node
+  for node in $(nodes); do stop_pidfile "$(slurmd_pidfile "$node")" "slurmd $node"; done
   stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
   stop_pidfile "$DIR/run/munged.pid" munged
   if [[ -L $SYS_CONF && $(readlink "$SYS_CONF") == "$CONF" ]]; then rm -f "$SYS_CONF"; fi
   # State is dropped so the next 'up' starts clean (job ids restart, no stale jobs).
   rm -rf "$DIR/state" "$DIR/spool"
+  if (( NETNS_N > 0 )); then netns_env; bash "$HERE/netns_hosts.sh" down; fi
 }
 
 status() {
   local d rc=0
-  for d in munged slurmctld slurmd; do
+  local pidfiles=(munged slurmctld) node
+  for node in $(nodes); do pidfiles+=("$(basename "$(slurmd_pidfile "$node")" .pid)"); done
+  for d in "${pidfiles[@]}"; do
     if alive "$DIR/run/$d.pid"; then echo "$d: running (pid $(<"$DIR/run/$d.pid"))"
     elif [[ $d == munged ]] && munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then echo "munged: running (not started here)"
     else echo "$d: stopped"; rc=1; fi

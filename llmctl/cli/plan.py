@@ -289,6 +289,13 @@ def _explain(console: Console, res: PlanResult, ev: Evaluation) -> None:
     time.add_row("[bold]total[/]", f"[bold]{ev.time.total_s:.3f}[/]", "")
     console.print(mem)
     console.print(time)
+    from llmctl.plan.placement import placement_for
+
+    place = placement_for(res.input.cluster, ev.layout)
+    if place is not None:
+        console.print("[bold]Placement assumed[/] (launcher=slurm asks for it and checks it):")
+        for line in place.lines():
+            console.print(f"  {line}")
     if res.input.model.is_moe:
         overlap = res.input.run.moe_a2a_overlap
         how = "overlapped with another micro-batch's compute" if overlap else "exposed"

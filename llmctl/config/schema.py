@@ -73,6 +73,14 @@ class UploadInFlight(StrEnum):
     skip = "skip"
 
 
+class PlacementPolicy(StrEnum):
+    """What a SLURM job does when its nodes are not placed as the plan assumed."""
+
+    strict = "strict"
+    warn = "warn"
+    off = "off"
+
+
 class LauncherKind(StrEnum):
     local = "local"
     torchrun = "torchrun"
@@ -148,6 +156,11 @@ class ClusterConfig:
     nvlink_bandwidth_gb_s: float = doc(text="NVLink bandwidth per GPU, one direction, GB/s.")
     internode_bandwidth_gb_s: float = doc(text="Inter-node bandwidth per GPU, one direction, GB/s.")
     internode_latency_us: float = doc(5.0, "Inter-node message latency, microseconds.")
+    nodes_per_switch: int | None = doc(
+        None,
+        "Nodes under one leaf switch of the inter-node network (non-blocking among them; a DGX "
+        "SuperPOD scalable unit is 32); None = not stated (SLURM's topology is used).",
+    )
     cuda_context_gib: float = doc(0.5, "Memory taken by the CUDA context and kernels, GiB.")
     nccl_buffer_gib: float = doc(1.0, "Memory taken by NCCL communicator buffers, GiB.")
     fragmentation_fraction: float = doc(0.05, "Allocator fragmentation, fraction of allocated.")
@@ -525,6 +538,17 @@ class LauncherConfig:
     slurm_signal: str = doc("USR1@90", "Signal and lead time sent before the time limit.")
     slurm_requeue: bool = doc(True, "Requeue the job on preemption or node failure.")
     slurm_extra: list[str] = doc(factory=list, text="Extra #SBATCH lines, verbatim options.")
+    placement: PlacementPolicy = doc(
+        PlacementPolicy.strict,
+        "slurm, several nodes: strict = a job whose nodes span more leaf switches than the plan "
+        "assumed (SLURM's topology) exits 2 before any rank starts; warn = one line, then run; "
+        "off = no --switches and no check.",
+    )
+    slurm_switch_wait: str | None = doc(
+        None,
+        "How long SLURM may hold the job for the planned leaf-switch count (--switches=K@TIME); "
+        "None = the cluster's max_switch_wait.",
+    )
     # Elastic re-plan (docs/launch.md, "Elastic re-plan"; llmctl/launch/elastic.py).
     elastic: bool = doc(
         False,

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from llmctl.run.lock import RunLock
 
 SCRIPT_NAME = "launch.sbatch"
+PLACEMENT_MODULE = "llmctl.launch.placement"
 JOB_ID_FILE = "slurm_job_id"
 _TIME_RE = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$|^(?:UNLIMITED|INFINITE|infinite)$")
 _SIGNAL_RE = re.compile(r"^(?:B:)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?$")
@@ -110,6 +111,31 @@ def _signal(spec: str) -> str:
     return f"B:{match.group(1)}@{match.group(2) or 90}"
 
 
+def _switches(cfg: RootConfig) -> str | None:
+    """`--switches=K[@WAIT]`: the fewest leaf switches that hold the run's nodes (the plan's
+    non-blocking network, `plan.placement`), when the cluster states its leaf size and the
+    run has several nodes; None otherwise."""
+    lc = cfg.launcher
+    nps = cfg.cluster.nodes_per_switch
+    if str(lc.placement) == "off" or nps is None or cfg.cluster.num_nodes < 2:
+        return None
+    if nps < 1:
+        raise UserError(f"cluster.nodes_per_switch must be >= 1, got {nps}")
+    count = -(-cfg.cluster.num_nodes // nps)
+    if lc.slurm_switch_wait is None:
+        return f"--switches={count}"
+    if not _TIME_RE.match(str(lc.slurm_switch_wait)):
+        raise UserError(
+            f"launcher.slurm_switch_wait={lc.slurm_switch_wait!r} is not [D-]HH:MM:SS or MM"
+        )
+    return f"--switches={count}@{lc.slurm_switch_wait}"
+
+
+def checks_placement(cfg: RootConfig) -> bool:
+    """Whether the job checks its nodes' leaf switches before any rank starts."""
+    return str(cfg.launcher.placement) != "off" and cfg.cluster.num_nodes > 1
+
+
 def _directives(cfg: RootConfig, run_dir: str | Path, nproc: int) -> list[str]:
     lc = cfg.launcher
     if not _TIME_RE.match(str(lc.slurm_time)):
@@ -121,6 +147,9 @@ def _directives(cfg: RootConfig, run_dir: str | Path, nproc: int) -> list[str]:
         "--ntasks-per-node=1",
         f"--cpus-per-task={cpus}",
     ]
+    switches = _switches(cfg)
+    if switches:
+        lines.append(switches)
     if cfg.cluster.device == "cuda":
         lines.append(f"--gpus-per-node={nproc}")
     lines.append(f"--time={_value('launcher.slurm_time', lc.slurm_time)}")
@@ -203,6 +232,12 @@ def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: Layout | None = 
         lines += [
             "# Elastic: re-plan for the nodes granted; one line and exit 2 if none fits.",
             f'{py} -m llmctl.launch.elastic replan {q(str(run_dir))} "$SLURM_JOB_NUM_NODES" '
+            f"|| {{ {py} -m {NODE_MODULE} record {q(str(run_dir))} 2; exit 2; }}",
+        ]
+    if checks_placement(cfg):  # the nodes granted against the plan's leaf switches
+        lines += [
+            "# Placement: the nodes' leaf switches against the plan (launcher.placement).",
+            f"{py} -m {PLACEMENT_MODULE} {q(str(run_dir))} "
             f"|| {{ {py} -m {NODE_MODULE} record {q(str(run_dir))} 2; exit 2; }}",
         ]
     lines += _BODY.format(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmctl.plan.flops import step_flops
+from llmctl.plan.placement import placement_for
 from llmctl.plan.search import Evaluation, PlanResult
 
 
@@ -56,6 +57,23 @@ def result_dict(res: PlanResult) -> dict[str, Any]:
         "published": evaluation_dict(res.reference) if res.reference else None,
         "published_rank": res.reference_rank,
         "margin_over_published": margin(res),
+        "placement": placement_dict(res),
+    }
+
+
+def placement_dict(res: PlanResult) -> dict[str, Any] | None:
+    """Where the top pick's ranks must sit (`plan.placement`), None without a pick."""
+    chosen = res.best or res.closest
+    place = placement_for(res.input.cluster, chosen.layout) if chosen else None
+    if place is None:
+        return None
+    return {
+        "nodes": place.nodes,
+        "nvlink_groups": list(place.nvlink_groups),
+        "network_groups": list(place.network_groups),
+        "stage_nodes": [list(n) for n in place.stage_nodes],
+        "nodes_per_switch": place.nodes_per_switch,
+        "switches": place.switches,
     }
 
 

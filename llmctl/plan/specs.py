@@ -188,6 +188,9 @@ class ClusterSpec:
     fragmentation_fraction: float
     sm_count: int = 0
     efficiency: Efficiency = Efficiency()
+    nodes_per_switch: int | None = None
+    """Nodes under one leaf switch (placement only: the step time assumes a non-blocking
+    network among the job's nodes); None = not stated."""
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:

@@ -118,6 +118,7 @@ def cluster_spec(cfg: RootConfig) -> ClusterSpec:
         fragmentation_fraction=c.fragmentation_fraction,
         sm_count=c.sm_count,
         efficiency=efficiency(dict(c.efficiency), f"cluster {c.name}"),
+        nodes_per_switch=c.nodes_per_switch,
     )
 
 

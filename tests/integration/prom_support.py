@@ -74,7 +74,8 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
         try:
             http_get(url, timeout=2)
             return
-        except OSError:
+        except (OSError, AssertionError):
+            # not listening yet, or up and answering 503 while it loads its TSDB and rules
             time.sleep(0.2)
     raise RuntimeError(f"{url} not ready after {timeout_s} s: {log.read_text()[-2000:]}")
 

@@ -130,3 +130,29 @@ def test_torchrun_refuses_short_hostfile_and_small_slots(make_cfg: Make) -> None
 def test_layout_world_size_follows_parallel_degrees(make_cfg: Make) -> None:
     argv = render_local(make_cfg("parallel.dp=2", "parallel.pp=2"), RUN_DIR)
     assert "--nproc-per-node=4" in argv
+
+
+def test_sbatch_asks_for_the_planned_leaf_switches(make_cfg: Make) -> None:
+    """cluster.nodes_per_switch: `--switches` = the fewest leaf switches that hold the
+    nodes (the plan's non-blocking network), with the wait asked for; the batch shell checks
+    the nodes granted before srun; placement=off renders neither."""
+    many = (*GPU[:2], "cluster.num_nodes=6", "parallel.dp=48", "train.global_batch_size=48")
+    cfg = make_cfg(*many, "parallel.micro_batch_size=1", "cluster.nodes_per_switch=4",
+                   slurm_switch_wait="10:00")  # fmt: skip
+    text = render_sbatch(cfg, RUN_DIR)
+    assert "#SBATCH --switches=2@10:00\n" in text
+    check = [ln for ln in text.splitlines() if "llmctl.launch.placement" in ln]
+    assert len(check) == 1 and shlex.quote(RUN_DIR) in check[0] and "exit 2" in check[0]
+    assert text.index("llmctl.launch.placement") < text.index("srun --kill-on-bad-exit")
+    cfg = make_cfg(*many, "parallel.micro_batch_size=1", "cluster.nodes_per_switch=8")
+    assert "#SBATCH --switches=1\n" in render_sbatch(cfg, RUN_DIR)  # SLURM's own wait
+    cfg = make_cfg(*many, "parallel.micro_batch_size=1", "cluster.nodes_per_switch=4",
+                   placement="off")  # fmt: skip
+    text = render_sbatch(cfg, RUN_DIR)
+    assert "--switches" not in text and "llmctl.launch.placement" not in text
+    one = render_sbatch(make_cfg("parallel.dp=2", "cluster.nodes_per_switch=4"), RUN_DIR)
+    assert "--switches" not in one and "llmctl.launch.placement" not in one  # one node
+    with pytest.raises(UserError, match=r"launcher.slurm_switch_wait='soon' is not"):
+        bad = make_cfg(*many, "parallel.micro_batch_size=1", "cluster.nodes_per_switch=4",
+                       slurm_switch_wait="soon")  # fmt: skip
+        render_sbatch(bad, RUN_DIR)
