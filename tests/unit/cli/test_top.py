@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -103,8 +104,9 @@ def test_top_of_a_run_without_steps_or_detector_says_so(tmp_path: Path) -> None:
     assert "stragglers  not measured" in res.stdout
 
 
-def test_top_refuses_what_is_not_a_run_dir(tmp_path: Path) -> None:
-    res = CliRunner().invoke(app, ["top", str(tmp_path / "nope"), "--once"])
+def test_top_refuses_what_is_not_a_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a short path: the error box shortens a long one with "..."
+    res = CliRunner().invoke(app, ["top", "nope", "--once"])
     assert res.exit_code != 0
     assert "neither a run directory nor a SLURM job id" in " ".join(res.output.split())
 
