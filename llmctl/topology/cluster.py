@@ -119,6 +119,7 @@ def _common(topology: Topology) -> dict[str, Any]:
         "num_nodes": topology.num_nodes,
         "cpu_cores": cpu.num_logical if cpu else None,
         "host_memory_gib": round(host_gib, 2) if host_gib is not None else None,
+        "nodes_per_switch": None,  # a node cannot see its fabric's leaf size: the user states it
     }
 
 
