@@ -162,6 +162,10 @@ def _validate_parallel(cfg: RootConfig) -> None:
             raise UserError(f"parallel.{name} must be >= 1, got {value}")
     if cfg.cluster.num_nodes < 1 or cfg.cluster.gpus_per_node < 1:
         raise UserError("cluster.num_nodes and cluster.gpus_per_node must be >= 1")
+    if cfg.cluster.nodes_per_switch is not None and cfg.cluster.nodes_per_switch < 1:
+        raise UserError(
+            f"cluster.nodes_per_switch must be >= 1 (or null), got {cfg.cluster.nodes_per_switch}"
+        )
     _validate_moe_parallel(cfg)
 
 

@@ -22,10 +22,14 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmctl.errors import UserError
 from llmctl.plan.placement import Verdict, check, placement_of
 from llmctl.topology.slurm import expand_nodelist
+
+if TYPE_CHECKING:
+    from llmctl.config.schema import RootConfig
 
 USAGE = "usage: python -m llmctl.launch.placement RUN_DIR"
 
@@ -60,16 +64,16 @@ def leaf_switches() -> dict[str, str]:
     return parse_topology(proc.stdout)
 
 
-def check_run(run_dir: Path, hosts: list[str], switch_of: dict[str, str]) -> Verdict:
+def check_run(
+    cfg: RootConfig, run_dir: Path, hosts: list[str], switch_of: dict[str, str]
+) -> Verdict:
     """The run's layout (config.yaml and plan.json, as the ranks resolve it) placed on
     `hosts` under `switch_of`. The leaf size is `cluster.nodes_per_switch`, or when unset
     the largest leaf switch SLURM describes."""
-    from llmctl.config import load_resolved
     from llmctl.launch.common import launch_shape
     from llmctl.run.layout import resolve_layout
-    from llmctl.run.rundir import CONFIG_FILE, read_plan
+    from llmctl.run.rundir import read_plan
 
-    cfg = load_resolved(run_dir / CONFIG_FILE)
     plan = read_plan(run_dir)
     layout = resolve_layout(cfg, None, plan.layout if plan is not None else None)
     shape = launch_shape(cfg, layout, cfg.cluster.num_nodes)
@@ -86,14 +90,6 @@ def check_run(run_dir: Path, hosts: list[str], switch_of: dict[str, str]) -> Ver
     if placement.nodes_per_switch is None:
         placement = replace(placement, nodes_per_switch=max(sizes.values()))
     return check(placement, hosts, switch_of)
-
-
-def policy(run_dir: Path) -> str:
-    """`launcher.placement` of the run."""
-    from llmctl.config import load_resolved
-    from llmctl.run.rundir import CONFIG_FILE
-
-    return str(load_resolved(run_dir / CONFIG_FILE).launcher.placement)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,8 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             return 0
-        verdict = check_run(run_dir, expand_nodelist(nodelist), switch_of)
-        how = policy(run_dir)
+        from llmctl.config import load_resolved
+        from llmctl.run.rundir import CONFIG_FILE
+
+        cfg = load_resolved(run_dir / CONFIG_FILE)
+        verdict = check_run(cfg, run_dir, expand_nodelist(nodelist), switch_of)
+        how = str(cfg.launcher.placement)
     except UserError as e:
         print(f"llmctl: {e.message}", file=sys.stderr, flush=True)
         return 2

@@ -119,8 +119,6 @@ def _switches(cfg: RootConfig) -> str | None:
     nps = cfg.cluster.nodes_per_switch
     if str(lc.placement) == "off" or nps is None or cfg.cluster.num_nodes < 2:
         return None
-    if nps < 1:
-        raise UserError(f"cluster.nodes_per_switch must be >= 1, got {nps}")
     count = -(-cfg.cluster.num_nodes // nps)
     if lc.slurm_switch_wait is None:
         return f"--switches={count}"

@@ -197,6 +197,8 @@ class ClusterSpec:
             raise ValueError("num_nodes and gpus_per_node must be >= 1")
         if self.hbm_gib <= 0:
             raise ValueError(f"hbm_gib must be > 0, got {self.hbm_gib}")
+        if self.nodes_per_switch is not None and self.nodes_per_switch < 1:
+            raise ValueError(f"nodes_per_switch must be >= 1, got {self.nodes_per_switch}")
 
     @property
     def world_size(self) -> int:

@@ -74,3 +74,18 @@ def test_a_stage_larger_than_a_switch_may_span_the_fewest_that_hold_it() -> None
     mixed = {h: f"s{(i // 2) % 4}" for i, h in enumerate(hosts)}  # stage 0 on all four
     verdict = check(p, hosts, mixed)
     assert not verdict.ok and "inside 2 switches" in verdict.line
+
+
+def test_a_leaf_size_below_one_is_one_line_in_plan_and_train() -> None:
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    runner = CliRunner()
+    for args in (["plan", "recipe=llama3_70b_pretrain_64gpu_h100_fp8", "--explain"],
+                 ["train", "recipe=tiny_cpu", "launcher=slurm", "cluster.num_nodes=2",
+                  "--dp", "2", "--dry-run"]):  # fmt: skip
+        res = runner.invoke(app, [*args, "cluster.nodes_per_switch=0"])
+        assert res.exit_code == 2, res.output
+        assert "cluster.nodes_per_switch must be >= 1 (or null), got 0" in res.output
+        assert "Traceback" not in res.output
