@@ -19,12 +19,17 @@
 # SLURM_CONF=<run folder>/etc/slurm.conf (no /etc/slurm link is made). LLMCTL_SLURM_TOPOLOGY
 # ("leaf0=h[0-1] leaf1=h2") adds TopologyPlugin=topology/tree and a topology.conf of those leaf
 # switches under one spine; LLMCTL_SLURM_SWITCH_WAIT (seconds, default 10) is max_switch_wait.
+# LLMCTL_SLURM_NETNS_TAG (a few letters) names a second netns cluster's namespaces, bridge and
+# links apart from the first one's; LLMCTL_SLURMD_TIMEOUT (seconds, default SLURM's 300) is how
+# long slurmctld waits for a silent node before it sets it DOWN and fails (or requeues) its jobs.
 set -euo pipefail
 
 DIR="${LLMCTL_SLURM_DIR:-/tmp/llmctl-slurm}"
 NETNS_N="${LLMCTL_SLURM_NETNS:-0}"
 TOPOLOGY="${LLMCTL_SLURM_TOPOLOGY:-}"
 SWITCH_WAIT="${LLMCTL_SLURM_SWITCH_WAIT:-10}"
+NETNS_TAG="${LLMCTL_SLURM_NETNS_TAG:-}"
+SLURMD_TIMEOUT="${LLMCTL_SLURMD_TIMEOUT:-300}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CONF="$DIR/etc/slurm.conf"
 SYS_CONF=/etc/slurm/slurm.conf
@@ -109,8 +114,9 @@ cgroup_usable() {
 
 # The netns host set of a multi-node cluster: its own folder, names, bridge and links.
 netns_env() {
-  export LLMCTL_NETNS_DIR="$DIR/netns" LLMCTL_NETNS_PREFIX="llmslurm-" \
-    LLMCTL_NETNS_BRIDGE="llmslurmbr0" LLMCTL_NETNS_VETH="llms"
+  [[ $NETNS_TAG =~ ^[a-z]{0,4}$ ]] || die "LLMCTL_SLURM_NETNS_TAG must be 0..4 letters a-z, got '$NETNS_TAG'"
+  export LLMCTL_NETNS_DIR="$DIR/netns" LLMCTL_NETNS_PREFIX="llmslurm$NETNS_TAG-" \
+    LLMCTL_NETNS_BRIDGE="llmslurmbr${NETNS_TAG:-0}" LLMCTL_NETNS_VETH="llms$NETNS_TAG"
 }
 
 # NodeName/PartitionName lines of the cluster.
@@ -212,6 +218,7 @@ MailProg=/bin/true
 ReturnToService=2
 MinJobAge=300
 KillWait=30
+SlurmdTimeout=$SLURMD_TIMEOUT
 InactiveLimit=0
 $(node_lines "$host" "$cpus" "$mem")
 EOF
@@ -312,7 +319,13 @@ down() {
   local node
   for node in $(nodes); do stop_pidfile "$(slurmd_pidfile "$node")" "slurmd $node"; done
   stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
-  stop_pidfile "$DIR/run/munged.pid" munged
+  # munged serves every cluster on this machine (the first `up` starts it): keep it while
+  # another cluster's slurmctld runs.
+  if pgrep -x slurmctld >/dev/null; then
+    alive "$DIR/run/munged.pid" && log "munged left running: another slurmctld uses it"
+  else
+    stop_pidfile "$DIR/run/munged.pid" munged
+  fi
   if [[ -L $SYS_CONF && $(readlink "$SYS_CONF") == "$CONF" ]]; then rm -f "$SYS_CONF"; fi
   # State is dropped so the next 'up' starts clean (job ids restart, no stale jobs).
   rm -rf "$DIR/state" "$DIR/spool"
@@ -333,9 +346,39 @@ status() {
   return $rc
 }
 
+# A netns node's crash and return, for fault tests: `crash-node hK` SIGKILLs every process in
+# the node's namespace (slurmd, job steps, ranks, sshd) and cuts its link, as a power loss
+# would; `restore-node hK` brings the link back and starts its slurmd again (ReturnToService=2
+# makes a node SLURM set DOWN for not answering usable once it registers).
+node_ns() {
+  (( NETNS_N > 0 )) || die "$1 needs a netns cluster (LLMCTL_SLURM_NETNS=N)"
+  [[ ${2:-} =~ ^h[0-9]$ ]] && (( ${2#h} < NETNS_N )) || die "$1: no node '${2:-}' (h0..h$((NETNS_N - 1)))"
+  netns_env
+  [[ -e /run/netns/${LLMCTL_NETNS_PREFIX}$2 ]] || die "$1: namespace ${LLMCTL_NETNS_PREFIX}$2 is not up"
+}
+
+crash_node() {
+  need_root; node_ns crash-node "${1:-}"
+  local pids
+  pids=$(ip netns pids "${LLMCTL_NETNS_PREFIX}$1" | tr '\n' ' ')
+  [[ -n ${pids// } ]] && kill -KILL $pids 2>/dev/null || true
+  ip link set "${LLMCTL_NETNS_VETH}-$1" down
+  rm -f "$(slurmd_pidfile "$1")"
+  log "crashed $1: killed ${pids:-nothing}, link down"
+}
+
+restore_node() {
+  need_root; node_ns restore-node "${1:-}"
+  ip link set "${LLMCTL_NETNS_VETH}-$1" up
+  start_slurmd "$1"
+  log "restored $1: link up, slurmd started"
+}
+
 case "${1:-}" in
   up) lock; up ;;
   down) lock; down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status   (run folder: \$LLMCTL_SLURM_DIR, default /tmp/llmctl-slurm)" >&2; exit 2 ;;
+  crash-node) crash_node "${2:-}" ;;
+  restore-node) restore_node "${2:-}" ;;
+  *) echo "usage: $0 up|down|status|crash-node hK|restore-node hK   (run folder: \$LLMCTL_SLURM_DIR, default /tmp/llmctl-slurm)" >&2; exit 2 ;;
 esac

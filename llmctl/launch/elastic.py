@@ -451,6 +451,10 @@ def replan_granted(run_dir: Path, nodes: int, out: TextIO | None = None) -> dict
     first = record.setdefault(
         "elastic_original", {"num_nodes": cfg.cluster.num_nodes, "dp": cfg.parallel.dp}
     )
+    granted = slurm_hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+    before = [str(h) for h in record.get("slurm_nodes") or []]
+    record["slurm_nodes"] = granted
+    lost = [h for h in before if h not in granted]
     if nodes == cfg.cluster.num_nodes:
         write_launch(run_dir, record)
         return None
@@ -471,9 +475,14 @@ def replan_granted(run_dir: Path, nodes: int, out: TextIO | None = None) -> dict
         raise UserError(f"elastic: cannot continue on {nodes} node(s): {e.message}") from None
     commit_replan(new)
     at = time.time()
+    restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    reason = f"SLURM granted {nodes} of {first['num_nodes']} node(s)"
+    if restart:
+        reason = f"SLURM restart {restart} granted {nodes} of {first['num_nodes']} node(s)"
+        if lost:
+            reason += f" ({','.join(lost)} not granted again)"
     rec = change_record(
-        old, new, reason=f"SLURM granted {nodes} of {first['num_nodes']} node(s)",
-        hosts=[os.environ.get("SLURM_JOB_NODELIST", "?")], lost=[], detected_at=at,
+        old, new, reason=reason, hosts=granted or ["?"], lost=lost, detected_at=at
     )  # fmt: skip
     rec["relaunched_at"] = at
     print(change_line(rec, old, new.layout), file=sys.stderr if out is None else out, flush=True)
@@ -481,6 +490,52 @@ def replan_granted(run_dir: Path, nodes: int, out: TextIO | None = None) -> dict
     record.setdefault("layout_changes", []).append(rec)
     write_launch(run_dir, record)
     return rec
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """A SLURM node list (`h[0-1],gpu7`) as host names, by `scontrol show hostnames` (a list
+    without ranges is split at its commas; a range scontrol cannot expand stays one name)."""
+    import subprocess
+
+    if not nodelist or "[" not in nodelist:
+        return [h for h in nodelist.split(",") if h]
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return [nodelist]
+    return out.split() or [nodelist]
+
+
+def settle_seconds_lost(run_dir: Path, record: dict[str, Any]) -> None:
+    """SLURM: fill in `seconds_lost` of the layout changes this job made, from metrics.jsonl
+    (called when the job's srun has returned; in place).
+
+    No process of the job is left between the re-plan before srun and the first step, so the
+    figure is taken afterwards: the time from the last step logged before the change (the
+    step in flight when a node was lost) to the first step logged at the new layout. A change
+    at the job's first start (nothing trained before it) keeps null: that wait is SLURM's queue.
+    """
+    from llmctl.run.rundir import METRICS_FILE
+
+    steps: list[tuple[int, float]] = []
+    with contextlib.suppress(OSError):
+        for line in (run_dir / METRICS_FILE).read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+                rec = json.loads(line)
+                if "event" not in rec:
+                    steps.append((int(rec["step"]), float(rec["time"])))
+    for change in record.get("layout_changes") or []:
+        at = change.get("relaunched_at")
+        if change.get("seconds_lost") is not None or at is None or not change.get("from_step"):
+            continue
+        after = [t for s, t in steps if s > change["from_step"] and t >= at]
+        before = [t for _, t in steps if t < change["time"]]
+        if after and before:
+            change["first_step_at"] = min(after)
+            change["seconds_lost"] = round(min(after) - max(before), 3)
 
 
 USAGE = "usage: python -m llmctl.launch.elastic replan RUN_DIR NODES"

@@ -160,6 +160,10 @@ def record_exit(run_dir: str | Path, code: int) -> None:
         record = {}
     restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
     record.update(exit_code=code, finished=time.time(), slurm_restart=int(restarts or 0))
+    if record.get("layout_changes"):
+        from llmctl.launch.elastic import settle_seconds_lost
+
+        settle_seconds_lost(Path(run_dir), record)
     reason = exit_reason(Path(run_dir), code, None)  # the hang line (launch.api.exit_reason)
     if reason:
         record["reason"] = reason

@@ -139,12 +139,18 @@ def _directives(cfg: RootConfig, run_dir: str | Path, nproc: int) -> list[str]:
     if not _TIME_RE.match(str(lc.slurm_time)):
         raise UserError(f"launcher.slurm_time={lc.slurm_time!r} is not [D-]HH:MM:SS or MM")
     cpus = cfg.cluster.cpu_cores if cfg.cluster.cpu_cores else nproc
+    nodes = _nodes(cfg)
     lines = [
         f"--job-name={_value('launcher.slurm_job_name', lc.slurm_job_name or run_name(run_dir))}",
-        f"--nodes={_nodes(cfg)}",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={cpus}",
+        f"--nodes={nodes}",
     ]
+    # A node range with --ntasks-per-node makes the job's task count MIN x 1, and SLURM never
+    # allocates more nodes than tasks: the job would always start on MIN nodes. Without it the
+    # job gets as many nodes of the range as are free (measured on the netns cluster); srun
+    # places one task per node itself.
+    if "-" not in nodes:
+        lines.append("--ntasks-per-node=1")
+    lines.append(f"--cpus-per-task={cpus}")
     switches = _switches(cfg)
     if switches:
         lines.append(switches)

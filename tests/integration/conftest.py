@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,23 @@ def two_hosts() -> Path:
         pytest.skip("no iproute2 (ip) to make network namespaces")
     subprocess.run([NETNS_SCRIPT, "up", "2"], check=True, timeout=300)
     return NETNS_DIR
+
+
+@pytest.fixture(scope="session")
+def netns_slurm() -> Iterator[str]:
+    """The three-node netns SLURM cluster of slurm_netns.py (up once, down at the session's
+    end); yields its SLURM_CONF."""
+    from slurm_netns import CONF, cluster
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces and the SLURM daemons")
+    if shutil.which("ip") is None or shutil.which("nsenter") is None:
+        pytest.skip("no iproute2/nsenter to make the node namespaces")
+    cluster("up")
+    try:
+        yield CONF
+    finally:
+        cluster("down", check=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,6 @@
 """Placement from the plan on a real multi-node SLURM cluster with a switch topology.
 
-Three nodes h0, h1, h2 are network namespaces, each with its own slurmd, under one slurmctld
-with `TopologyPlugin=topology/tree`: leaf switch leaf0 holds h0 and h1, leaf1 holds h2
-(scripts/slurm_local.sh, LLMCTL_SLURM_NETNS=3). A two-node run with
+The three-node netns cluster of slurm_netns.py (leaf0: h0, h1; leaf1: h2). A two-node run with
 `cluster.nodes_per_switch=2` asks for `--switches=1`:
 
 - with h0 and h1 free, SLURM places it under leaf0, the batch shell's check agrees and the
@@ -15,52 +13,18 @@ with `TopologyPlugin=topology/tree`: leaf switch leaf0 holds h0 and h1, leaf1 ho
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from slurm_netns import scontrol
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.launch.jobs import follow_logs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiproc, pytest.mark.slow, pytest.mark.netns]
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm_local.sh"
-CLUSTER_DIR = "/tmp/llmctl-slurm-netns"
-ENV = {
-    "LLMCTL_SLURM_DIR": CLUSTER_DIR,
-    "LLMCTL_SLURMCTLD_PORT": "6917",
-    "LLMCTL_SLURM_NETNS": "3",
-    "LLMCTL_SLURM_TOPOLOGY": "leaf0=h[0-1] leaf1=h2",
-    "LLMCTL_SLURM_SWITCH_WAIT": "6",
-}
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def topo_cluster() -> Iterator[str]:
-    """The three-node cluster (up for this module, down after it); yields its SLURM_CONF."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: network namespaces and the SLURM daemons")
-    if shutil.which("ip") is None or shutil.which("nsenter") is None:
-        pytest.skip("no iproute2/nsenter to make the node namespaces")
-    env = {**os.environ, **ENV}
-    subprocess.run([SCRIPT, "up"], env=env, check=True, timeout=300)
-    try:
-        yield f"{CLUSTER_DIR}/etc/slurm.conf"
-    finally:
-        subprocess.run([SCRIPT, "down"], env=env, timeout=300)
-
-
-def _scontrol(conf: str, *args: str) -> str:
-    env = {**os.environ, "SLURM_CONF": conf}
-    return subprocess.run(
-        ["scontrol", *args], env=env, capture_output=True, text=True, check=True, timeout=30
-    ).stdout
 
 
 def _submit(run_dir: Path, toy_prefix: str, *extra: str) -> str:
@@ -80,9 +44,9 @@ def _log(run_dir: Path, timeout_s: float) -> tuple[str, str]:
 
 
 def test_a_job_placed_as_planned_trains_on_two_nodes_of_one_leaf(
-    topo_cluster: str, toy_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    netns_slurm: str, toy_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SLURM_CONF", topo_cluster)
+    monkeypatch.setenv("SLURM_CONF", netns_slurm)
     run_dir = tmp_path / "run"
     _submit(run_dir, toy_prefix)
     assert "#SBATCH --switches=1\n" in (run_dir / "launch.sbatch").read_text()
@@ -96,15 +60,15 @@ def test_a_job_placed_as_planned_trains_on_two_nodes_of_one_leaf(
 
 
 def test_a_spread_allocation_waits_then_stops_before_any_rank(
-    topo_cluster: str, toy_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    netns_slurm: str, toy_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SLURM_CONF", topo_cluster)
-    _scontrol(topo_cluster, "update", "NodeName=h1", "State=DRAIN", "Reason=llmctl-test")
+    monkeypatch.setenv("SLURM_CONF", netns_slurm)
+    scontrol("update", "NodeName=h1", "State=DRAIN", "Reason=llmctl-test")
     try:
         run_dir = tmp_path / "strict"
         job = _submit(run_dir, toy_prefix)
         time.sleep(2)
-        held = _scontrol(topo_cluster, "show", "job", job)
+        held = scontrol("show", "job", job)
         assert "JobState=PENDING" in held, held  # h0 and h2 are idle: SLURM holds it
         state, log = _log(run_dir, 240)
         assert state == "FAILED", log[-3000:]
@@ -123,4 +87,4 @@ def test_a_spread_allocation_waits_then_stops_before_any_rank(
         assert state == "COMPLETED", log[-3000:]
         assert "on h[0,2]" in log and "running anyway (launcher.placement=warn)" in log
     finally:
-        _scontrol(topo_cluster, "update", "NodeName=h1", "State=RESUME")
+        scontrol("update", "NodeName=h1", "State=RESUME")

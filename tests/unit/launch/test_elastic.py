@@ -126,3 +126,36 @@ def test_a_job_granted_fewer_than_min_nodes_stops_in_one_line(tmp_path: Path) ->
         "llmctl: elastic: the job was granted 1 node(s) but launcher.min_nodes=2: missing 1 node(s)"
     )
     assert (run / "plan.json").read_text() == before
+
+
+def test_a_restart_after_a_node_loss_names_the_node_and_settles_the_seconds_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A requeued job granted fewer nodes than its last start: the reason names the restart
+    and the node not granted again; the node wrapper's exit record measures the seconds lost
+    from metrics.jsonl (last step before the change -> first step at the new layout)."""
+    from llmctl.launch.node import record_exit
+
+    run = _submitted_run(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n6,n7")
+    assert replan_granted(run, 2) is None  # first start, both nodes: only the nodes are noted
+    assert json.loads((run / "launch.json").read_text())["slurm_nodes"] == ["n6", "n7"]
+    with (run / "metrics.jsonl").open("a") as f:
+        for step, t in [(4, 100.0), (5, 101.5)]:
+            f.write(json.dumps({"step": step, "loss": 1.0, "time": t}) + "\n")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n6")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    rec = replan_granted(run, 1, out=open(os.devnull, "w"))  # noqa: SIM115
+    assert rec is not None
+    assert rec["reason"] == "SLURM restart 1 granted 1 of 2 node(s) (n7 not granted again)"
+    assert (rec["hosts"], rec["lost_hosts"], rec["seconds_lost"]) == (["n6"], ["n7"], None)
+    at = rec["relaunched_at"]
+    record = json.loads((run / "launch.json").read_text())
+    record["layout_changes"][0]["from_step"] = 4  # as if resumed from a step-4 checkpoint
+    (run / "launch.json").write_text(json.dumps(record))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 5, "loss": 1.0, "time": at + 7.25}) + "\n")  # resumed
+    record_exit(run, 0)
+    (change,) = json.loads((run / "launch.json").read_text())["layout_changes"]
+    assert change["first_step_at"] == at + 7.25
+    assert change["seconds_lost"] == pytest.approx(at + 7.25 - 101.5, abs=1e-3)

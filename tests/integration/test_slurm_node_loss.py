@@ -1,0 +1,115 @@
+"""A node lost from a running multi-node SLURM job: SLURM requeues it, llmctl re-plans it.
+
+On the three-node netns cluster of slurm_netns.py, with h2 drained, a DP2 elastic job
+(`launcher.elastic=true`, `--nodes=1-2`) starts on h0 and h1. After a committed checkpoint, h1
+crashes (`slurm_local.sh crash-node h1`: every process in its namespace SIGKILLed, slurmd
+included, and its link cut). Nothing of llmctl runs on h1 any more and nothing is told:
+
+- slurmctld finds h1 silent (SlurmdTimeout 10 s), sets it DOWN, cancels the step and requeues
+  the job (`--requeue`);
+- SLURM holds a requeued job ~2 minutes before it may start again; the test moves its start
+  time to now (`scontrol update StartTime=now`, an administrator's command) to keep the suite
+  short;
+- the restart is granted h0 alone; the batch shell's re-plan gives DP1 (global batch kept, two
+  micro-batches), resumes from the newest committed checkpoint and trains to the end.
+
+Then h1 is restored and comes back to service (ReturnToService=2).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from slurm_netns import cluster, job_field, scontrol
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.launch.jobs import follow_logs
+from llmctl.run import ckpt_store as store
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multiproc, pytest.mark.slow, pytest.mark.netns]
+runner = CliRunner()
+ITERS = 16
+
+
+def _wait(what: str, ok: object, timeout_s: float, poll_s: float = 0.5) -> None:
+    assert callable(ok)
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(poll_s)
+
+
+def _node_state(node: str) -> str:
+    return next(w for w in scontrol("show", "node", node).split() if w.startswith("State="))
+
+
+def test_a_node_lost_mid_run_is_requeued_and_replanned_on_the_nodes_left(
+    netns_slurm: str, toy_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_CONF", netns_slurm)
+    run = tmp_path / "run"
+    scontrol("update", "NodeName=h2", "State=DRAIN", "Reason=llmctl-test")
+    try:
+        args = ["train", "recipe=tiny_cpu", "launcher=slurm", "launcher.elastic=true",
+                "--nodes", "2", "--dp", "2", f"train.run_dir={run}", "train.eval_interval=0",
+                f"data.prefixes=[{toy_prefix}]", f"train.train_iters={ITERS}",
+                "checkpoint.interval=2", "--json"]  # fmt: skip
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        job = str(json.loads(res.output)["job_id"])
+        sbatch = (run / "launch.sbatch").read_text()
+        assert (
+            "#SBATCH --nodes=1-2\n" in sbatch
+            and "--ntasks-per-node" not in sbatch.split("set -uo")[0]
+        )  # no task count in the header: SLURM grants both free nodes, not the minimum
+        ckpts = run / "checkpoints"
+        _wait("a committed checkpoint", lambda: store.committed_steps(ckpts), 180)
+        assert job_field(job, "NodeList") == "h[0-1]"
+        crash_at = time.time()
+        cluster("crash-node", "h1")
+        newest_at_crash = max(store.committed_steps(ckpts))
+
+        # slurmctld notices, cancels and requeues; the test skips SLURM's requeue hold.
+        _wait("the requeue", lambda: job_field(job, "Restarts") == "1", 120)
+        _wait("a pending requeued job", lambda: job_field(job, "JobState") == "PENDING", 90)
+        assert _node_state("h1").startswith("State=DOWN"), _node_state("h1")
+        scontrol("update", f"JobId={job}", "StartTime=now")
+        chunks: list[str] = []
+        final = follow_logs(run, chunks.append, follow=True, poll_s=0.5, timeout_s=300)
+        log = "".join(chunks)
+        assert final is not None and final.state == "COMPLETED", log[-3000:]
+    finally:
+        cluster("restore-node", "h1", check=False)
+        scontrol("update", "NodeName=h2", "State=RESUME")
+
+    assert "Node failure on h1" in log or "DUE TO NODE FAILURE" in log, log[-3000:]
+    record = json.loads((run / "launch.json").read_text())
+    (change,) = record["layout_changes"]
+    step = change["from_step"]
+    assert step >= newest_at_crash, (step, newest_at_crash)  # the newest committed one
+    line = (
+        "llmctl: elastic: SLURM restart 1 granted 1 of 2 node(s) (h1 not granted again); layout "
+        "TP1 PP1 CP1 DP2 MBS4 rc=none opt=none -> TP1 PP1 CP1 DP1 MBS4 rc=none opt=none on 1 "
+        f"node(s) (h0), global batch 8 kept (gradient accumulation 1 -> 2); resuming from step "
+        f"{step}"
+    )
+    assert line in log, log[-3000:]
+    assert (change["hosts"], change["lost_hosts"]) == (["h0"], ["h1"])
+    assert record["exit_code"] == 0 and record["slurm_restart"] == 1
+    lost = change["seconds_lost"]
+    assert isinstance(lost, float) and 0 < lost < time.time() - crash_at + 60, change
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    events = [m for m in metrics if "event" in m]
+    assert [e["event"] for e in events] == ["layout_change"]
+    steps = [m["step"] for m in metrics if "event" not in m]
+    assert steps == list(range(1, ITERS + 1)), steps  # every step once, none lost or repeated
+    assert metrics.index(events[0]) == step  # the change sits right after the resumed step
+    status = json.loads(runner.invoke(app, ["status", str(run), "--json"]).output)
+    assert status["layout"]["current"] == "TP1 PP1 CP1 DP1 MBS4 rc=none opt=none"
+    assert status["layout"]["original"] == "TP1 PP1 CP1 DP2 MBS4 rc=none opt=none"
+    _wait("h1 back in service", lambda: "IDLE" in _node_state("h1"), 60)
+    print(f"seconds lost (SLURM requeue hold skipped): {lost:.1f}")
