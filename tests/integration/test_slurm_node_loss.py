@@ -27,7 +27,7 @@ from slurm_netns import cluster, job_field, scontrol
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.launch.jobs import follow_logs
+from llmctl.launch.jobs import TERMINAL, follow_logs, run_status
 from llmctl.run import ckpt_store as store
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiproc, pytest.mark.slow, pytest.mark.netns]
@@ -73,8 +73,16 @@ def test_a_node_lost_mid_run_is_requeued_and_replanned_on_the_nodes_left(
         cluster("crash-node", "h1")
         newest_at_crash = max(store.committed_steps(ckpts))
 
-        # slurmctld notices, cancels and requeues; the test skips SLURM's requeue hold.
-        _wait("the requeue", lambda: job_field(job, "Restarts") == "1", 120)
+        # slurmctld notices, cancels and requeues; the test skips SLURM's requeue hold. What
+        # `llmctl status`/`logs --follow` read meanwhile must never look like the job's end.
+        seen: set[str] = set()
+
+        def requeued() -> bool:
+            seen.add(run_status(str(run)).state)
+            return job_field(job, "Restarts") == "1"
+
+        _wait("the requeue", requeued, 120)
+        assert not seen & TERMINAL, seen
         _wait("a pending requeued job", lambda: job_field(job, "JobState") == "PENDING", 90)
         assert _node_state("h1").startswith("State=DOWN"), _node_state("h1")
         scontrol("update", f"JobId={job}", "StartTime=now")
@@ -98,6 +106,7 @@ def test_a_node_lost_mid_run_is_requeued_and_replanned_on_the_nodes_left(
         f"{step}"
     )
     assert line in log, log[-3000:]
+    print(line)
     assert (change["hosts"], change["lost_hosts"]) == (["h0"], ["h1"])
     assert record["exit_code"] == 0 and record["slurm_restart"] == 1
     lost = change["seconds_lost"]
