@@ -16,8 +16,17 @@ state to the same server (local sync save, then waiting for its upload), in one 
 training run of benchmarks/ckpt_async.py's ~100M-parameter model (~1.1 GiB of model + Adam
 state), interleaved, medians reported.
 
+`--restart`: a replacement node's restart. The same model trains 2 steps and commits them twice,
+once to the store and once to a local checkpoint dir; then, alternating, a run in a new, empty
+run dir with `checkpoint.dir=s3://...` (what a node that never saw the run does: download and
+load) and a run resuming from the local dir train step 3. Reported per side: seconds from the
+start of the in-process run to the end of the first resumed step (model build, data, checkpoint
+load, one step; the interpreter and torch import are warm and the same for both), and the
+seconds inside the checkpoint load.
+
 Run: `.venv/bin/python benchmarks/s3_checkpoint.py --mib 1024 --repeats 3 --json`,
-`.venv/bin/python benchmarks/s3_checkpoint.py --blocked --json`.
+`.venv/bin/python benchmarks/s3_checkpoint.py --blocked --json`,
+`.venv/bin/python benchmarks/s3_checkpoint.py --restart --repeats 2 --json`.
 """
 
 from __future__ import annotations
@@ -145,6 +154,74 @@ def blocked(url: str, work: Path, samples: int, hidden: int) -> dict[str, object
     }
 
 
+def restart(url: str, work: Path, repeats: int, hidden: int) -> dict[str, object]:
+    """Seconds to the first resumed step: from the store in an empty run dir vs local disk."""
+    import shutil
+    import statistics
+    from argparse import Namespace
+    from dataclasses import replace
+
+    from ckpt_async import _cfg, _corpus
+
+    from llmctl.run import ckpt_store as store
+    from llmctl.train import run_in_process
+    from llmctl.train.checkpoint import DistCheckpointer
+
+    prefix = work / "data" / "corpus"
+    prefix.parent.mkdir(parents=True)
+    _corpus(prefix)
+    args = Namespace(layers=4, hidden=hidden, vocab=16384, activation="swiglu")
+    local_root = work / "local-run" / "checkpoints"
+
+    def cfg_for(iters: int, where: str) -> object:
+        cfg = _cfg(args, prefix, iters)
+        ck = replace(cfg.checkpoint, dir=where, interval=2, keep_last=2, async_save=False)
+        return replace(cfg, checkpoint=ck)
+
+    times: dict[str, float] = {}
+
+    class Timed(DistCheckpointer):
+        def load(self, state: object) -> None:
+            t0 = time.perf_counter()
+            super().load(state)
+            times["load_s"] = time.perf_counter() - t0
+
+        def after_step(self, state: object) -> None:
+            times.setdefault("first_step_at", time.perf_counter())
+            super().after_step(state)
+
+    def timed_run(cfg: object, run_dir: Path) -> dict[str, float]:
+        times.clear()
+        t0 = time.perf_counter()
+        run_in_process(cfg, run_dir, checkpointer=Timed(cfg, run_dir))  # type: ignore[arg-type]
+        return {"first_step_s": times["first_step_at"] - t0, "load_s": times["load_s"]}
+
+    run_in_process(cfg_for(2, str(local_root)), work / "local-run")  # type: ignore[arg-type]
+    pristine = work / "local-pristine"
+    shutil.copytree(local_root, pristine)
+    out: dict[str, list[dict[str, float]]] = {"store": [], "local": []}
+    state_bytes = 0
+    for rep in range(repeats):
+        where = f"{url}/r{rep}"  # the end of training saves step 3: a fresh prefix per round
+        run_in_process(cfg_for(2, where), work / f"seed{rep}")  # type: ignore[arg-type]
+        state_bytes = store.list_checkpoints(Path(where))[0].size_bytes
+        out["store"].append(timed_run(cfg_for(3, where), work / f"replacement{rep}"))
+        shutil.rmtree(local_root)
+        shutil.copytree(pristine, local_root)  # step 3 saved nothing the next round sees
+        out["local"].append(timed_run(cfg_for(3, str(local_root)), work / "local-run"))
+    med = {
+        f"{side}_{k}": round(statistics.median(r[k] for r in rows), 2)
+        for side, rows in out.items()
+        for k in ("first_step_s", "load_s")
+    }
+    return {
+        "state_bytes": state_bytes,
+        **med,
+        "ratio_first_step": round(med["store_first_step_s"] / med["local_first_step_s"], 2),
+        "samples": {k: [{m: round(x, 2) for m, x in r.items()} for r in v] for k, v in out.items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: start a server (unless --url), run both sides --repeats times, print the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -155,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--blocked", action="store_true", help="training-blocked time instead")
     ap.add_argument("--part-mib", type=int, default=None, help="uploader part size (MiB)")
-    ap.add_argument("--hidden", type=int, default=1024, help="--blocked: model hidden size")
+    ap.add_argument("--restart", action="store_true", help="replacement-node restart instead")
+    ap.add_argument("--hidden", type=int, default=1024, help="--blocked/--restart: hidden size")
     ns = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="llmctl-s3-bench-"))
     server = None
@@ -168,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(server.env())
         url = f"s3://{BUCKET}/bench"
     try:
-        if ns.blocked:
-            result = blocked(url, work, ns.repeats, ns.hidden)
+        if ns.blocked or ns.restart:
+            bench = restart if ns.restart else blocked
+            result = bench(url, work, ns.repeats, ns.hidden)
             print(json.dumps(result, indent=2))
             return 0
         rows = []

@@ -538,13 +538,32 @@ def settle_seconds_lost(run_dir: Path, record: dict[str, Any]) -> None:
             change["seconds_lost"] = round(min(after) - max(before), 3)
 
 
-USAGE = "usage: python -m llmctl.launch.elastic replan RUN_DIR NODES"
+def grow_ready(run_dir: Path) -> bool:
+    """SLURM growth: whether the shrunk run has committed a checkpoint past the step its last
+    layout change resumed from (so growing back loses no progress and a node that comes and
+    goes cannot restart the job over and over without training)."""
+    from llmctl.launch.api import read_launch
+    from llmctl.run import ckpt_store as store
+
+    try:
+        changes = read_launch(run_dir).get("layout_changes") or []
+    except (OSError, ValueError):
+        return False
+    since = int(changes[-1].get("from_step") or 0) if changes else 0
+    latest = store.read_latest(run_dir / "checkpoints")
+    return latest is not None and latest > since
+
+
+USAGE = "usage: python -m llmctl.launch.elastic replan RUN_DIR NODES | grow-ready RUN_DIR"
 
 
 def main(argv: list[str] | None = None) -> int:
     """`replan RUN_DIR NODES` (the SLURM script, before srun): exit 2 with one line if the
-    nodes granted cannot hold the run."""
+    nodes granted cannot hold the run. `grow-ready RUN_DIR` (its growth watch): exit 0 once a
+    checkpoint newer than the last change's is committed, else 1."""
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "grow-ready":
+        return 0 if grow_ready(Path(args[1])) else 1
     if len(args) != 3 or args[0] != "replan" or not args[2].isdigit():
         print(USAGE, file=sys.stderr)
         return 2

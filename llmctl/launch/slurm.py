@@ -254,6 +254,8 @@ def render_sbatch(cfg: RootConfig, run_dir: str | Path, layout: Layout | None = 
         requeue_block=_REQUEUE if cfg.launcher.slurm_requeue else "",
         wrapper=" ".join(q(a) for a in node_prefix(python)),
         record=f'{py} -m {NODE_MODULE} record {q(str(run_dir))} "$rc"',
+        grow=_grow_block(cfg, python, run_dir),
+        grow_stop='[[ -z $grow_pid ]] || kill "$grow_pid" 2>/dev/null\n' if grows(cfg) else "",
     ).splitlines()
     return "\n".join(lines) + "\n"
 
@@ -293,14 +295,51 @@ trap 'echo "llmctl: caught SIGTERM: waiting for the ranks to exit" >&2' TERM
   srun --kill-on-bad-exit=1 --nodes="$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task={cpus} \\
   {cmd} &
 run_pid=$!
-while :; do
+{grow}while :; do
   wait "$run_pid"
   rc=$?
   kill -0 "$run_pid" 2>/dev/null || break
 done
-{record}
+{grow_stop}{record}
 {requeue_block}exit "$rc"
 """
+
+
+def grows(cfg: RootConfig) -> bool:
+    """Whether the job watches for nodes to grow back to (elastic, a node range, requeue on)."""
+    lc = cfg.launcher
+    return bool(lc.elastic and lc.min_nodes < cfg.cluster.num_nodes and lc.slurm_requeue)
+
+
+def _grow_block(cfg: RootConfig, python: str, run_dir: str | Path) -> str:
+    """Elastic growth: a job running on fewer nodes than it asked for watches its partition;
+    once enough nodes are idle to run at full size it takes the time-limit path (the ranks
+    checkpoint, the job requeues itself) and its restart is re-planned for what it is granted."""
+    if not grows(cfg):
+        return ""
+    full = cfg.cluster.num_nodes
+    sig = _signal(cfg.launcher.slurm_signal)[2:].split("@")[0]
+    probe = f"{float(cfg.launcher.elastic_probe_s):g}"
+    ready = f"{shlex.quote(python)} -m llmctl.launch.elastic grow-ready {shlex.quote(str(run_dir))}"
+    return f"""# Elastic growth: below {full} node(s), ask the partition every {probe} s;
+# when enough nodes are idle and a checkpoint newer than the resumed one is committed,
+# checkpoint and requeue (the restart is re-planned for the nodes it gets).
+grow_pid=
+if (( SLURM_JOB_NUM_NODES < {full} )); then
+  ( while sleep {probe}; do
+      idle=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -t idle -o '%N %T' 2>/dev/null \\
+        | awk '$2 == "idle" && !seen[$1]++ {{c++}} END {{print c+0}}')  # not drained, answering
+      if (( idle >= {full} - SLURM_JOB_NUM_NODES )) && {ready}; then
+        echo "llmctl: elastic: $idle node(s) idle in partition $SLURM_JOB_PARTITION;" \\
+          "checkpointing to grow back to {full} node(s)" >&2
+        kill -{sig} $$
+        exit 0
+      fi
+    done ) &
+  grow_pid=$!
+fi
+"""
+
 
 _REQUEUE = """if (( preempted )); then
   echo "llmctl: requeueing job $SLURM_JOB_ID" >&2

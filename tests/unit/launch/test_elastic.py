@@ -41,6 +41,11 @@ def test_sbatch_asks_for_a_node_range_and_replans_before_srun(
         make_cfg("launcher=slurm", "cluster.num_nodes=2", "parallel.dp=2"), RUN_DIR
     )
     assert "#SBATCH --nodes=2\n" in plain and "llmctl.launch.elastic" not in plain
+    # Growth back: only a job that can run on fewer nodes and requeue itself watches for more.
+    assert "kill -USR1 $$" in text and "grow back to 2 node(s)" in text
+    assert "Elastic growth" not in fixed and "Elastic growth" not in plain
+    no_requeue = ("launcher=slurm", *ELASTIC, "launcher.slurm_requeue=false")
+    assert "Elastic growth" not in render_sbatch(make_cfg(*no_requeue), RUN_DIR)
 
 
 @pytest.mark.parametrize(
@@ -159,3 +164,20 @@ def test_a_restart_after_a_node_loss_names_the_node_and_settles_the_seconds_lost
     (change,) = json.loads((run / "launch.json").read_text())["layout_changes"]
     assert change["first_step_at"] == at + 7.25
     assert change["seconds_lost"] == pytest.approx(at + 7.25 - 101.5, abs=1e-3)
+
+
+def test_growth_waits_for_a_checkpoint_newer_than_the_resumed_one(tmp_path: Path) -> None:
+    from llmctl.launch.elastic import grow_ready
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "launch.json").write_text(json.dumps({"layout_changes": [{"from_step": 4}]}))
+    assert not grow_ready(run)  # no checkpoint at all
+    (run / "checkpoints" / "latest").write_text("4\n")
+    assert not grow_ready(run)  # only the one the shrunk run resumed from
+    (run / "checkpoints" / "latest").write_text("6\n")
+    assert grow_ready(run)
+    rc = subprocess.run(
+        [sys.executable, "-m", "llmctl.launch.elastic", "grow-ready", str(run)], timeout=60
+    ).returncode
+    assert rc == 0
