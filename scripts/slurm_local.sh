@@ -22,6 +22,8 @@
 # LLMCTL_SLURM_NETNS_TAG (a few letters) names a second netns cluster's namespaces, bridge and
 # links apart from the first one's; LLMCTL_SLURMD_TIMEOUT (seconds, default SLURM's 300) is how
 # long slurmctld waits for a silent node before it sets it DOWN and fails (or requeues) its jobs.
+# LLMCTL_SLURM_CRED_EXPIRE (seconds, SLURM's default 120) is the job credential lifetime: SLURM
+# holds a requeued job that long (+1 s) before it may start again.
 set -euo pipefail
 
 DIR="${LLMCTL_SLURM_DIR:-/tmp/llmctl-slurm}"
@@ -30,6 +32,7 @@ TOPOLOGY="${LLMCTL_SLURM_TOPOLOGY:-}"
 SWITCH_WAIT="${LLMCTL_SLURM_SWITCH_WAIT:-10}"
 NETNS_TAG="${LLMCTL_SLURM_NETNS_TAG:-}"
 SLURMD_TIMEOUT="${LLMCTL_SLURMD_TIMEOUT:-300}"
+CRED_EXPIRE="${LLMCTL_SLURM_CRED_EXPIRE:-}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CONF="$DIR/etc/slurm.conf"
 SYS_CONF=/etc/slurm/slurm.conf
@@ -219,6 +222,7 @@ ReturnToService=2
 MinJobAge=300
 KillWait=30
 SlurmdTimeout=$SLURMD_TIMEOUT
+${CRED_EXPIRE:+AuthInfo=cred_expire=$CRED_EXPIRE}
 InactiveLimit=0
 $(node_lines "$host" "$cpus" "$mem")
 EOF

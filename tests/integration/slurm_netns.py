@@ -3,7 +3,9 @@
 h0, h1 and h2 are network namespaces, each with its own slurmd (scripts/slurm_local.sh,
 LLMCTL_SLURM_NETNS=3), with `TopologyPlugin=topology/tree`: leaf switch leaf0 holds h0 and h1,
 leaf1 holds h2. slurmctld sets a node that stops answering DOWN after 10 s
-(LLMCTL_SLURMD_TIMEOUT), so a node crash fails (or requeues) its jobs within the test's time.
+(LLMCTL_SLURMD_TIMEOUT), so a node crash fails (or requeues) its jobs within the test's time,
+and job credentials live 10 s (LLMCTL_SLURM_CRED_EXPIRE), so SLURM holds a requeued job 11 s
+instead of 121 s before it may start again.
 The `netns_slurm` fixture (conftest.py) brings it up once per session. LLMCTL_TEST_SLURM_TAG
 (a few letters) makes a second, separate cluster, for two test sessions side by side.
 """
@@ -26,6 +28,7 @@ ENV = {
     "LLMCTL_SLURM_TOPOLOGY": "leaf0=h[0-1] leaf1=h2",
     "LLMCTL_SLURM_SWITCH_WAIT": "6",
     "LLMCTL_SLURMD_TIMEOUT": "10",
+    "LLMCTL_SLURM_CRED_EXPIRE": "10",
 }
 
 
