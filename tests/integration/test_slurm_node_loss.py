@@ -161,6 +161,4 @@ def test_a_node_lost_mid_run_is_requeued_and_replanned_on_the_nodes_left(
     text = " ".join(runner.invoke(app, ["status", str(run)]).output.split())
     assert "2 elastic change(s), last: SLURM restart 2 granted 2 of 2 node(s)" in text, text
     _wait("h1 back in service", lambda: "IDLE" in _node_state("h1"), 60)
-    print(
-        f"seconds lost (11 s requeue hold): shrink {lost:.1f}, grow {grow['seconds_lost']}"
-    )
+    print(f"seconds lost (11 s requeue hold): shrink {lost:.1f}, grow {grow['seconds_lost']}")
