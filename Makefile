@@ -32,10 +32,18 @@ cluster-up: ## Start the local one-node SLURM cluster (root; Debian packages)
 cluster-down: ## Stop the local SLURM cluster
 	bash scripts/slurm_local.sh down
 
+XDIST ?= -n 2 --dist loadgroup
+
+# The integration tests run one after the other (real clusters, namespaces, timed runs); the
+# unit tests on two workers (XDIST=) except those tests/conftest.py puts in the serial group.
+# Both parts always run; the target fails if either did.
 test: venv lint ## Install what the tests need (incl. local SLURM), lint, run the whole suite
 	bash scripts/slurm_local.sh up
 	bash scripts/prometheus_local.sh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	rc=0; \
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest tests/unit $(XDIST) $(PYTEST_ARGS) || rc=$$?; \
+	exit $$rc
 
 test-fast: venv ## Unit tests only
 	$(BIN)/python -m pytest tests/unit -q -m "not slow and not multiproc and not slurm"

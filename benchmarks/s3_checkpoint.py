@@ -173,7 +173,7 @@ def restart(url: str, work: Path, repeats: int, hidden: int) -> dict[str, object
     args = Namespace(layers=4, hidden=hidden, vocab=16384, activation="swiglu")
     local_root = work / "local-run" / "checkpoints"
 
-    def cfg_for(iters: int, where: str) -> object:
+    def cfg_for(iters: int, where: str | None) -> object:  # None: RUN_DIR/checkpoints
         cfg = _cfg(args, prefix, iters)
         ck = replace(cfg.checkpoint, dir=where, interval=2, keep_last=2, async_save=False)
         return replace(cfg, checkpoint=ck)
@@ -196,7 +196,7 @@ def restart(url: str, work: Path, repeats: int, hidden: int) -> dict[str, object
         run_in_process(cfg, run_dir, checkpointer=Timed(cfg, run_dir))  # type: ignore[arg-type]
         return {"first_step_s": times["first_step_at"] - t0, "load_s": times["load_s"]}
 
-    run_in_process(cfg_for(2, str(local_root)), work / "local-run")  # type: ignore[arg-type]
+    run_in_process(cfg_for(2, None), work / "local-run")  # type: ignore[arg-type]
     pristine = work / "local-pristine"
     shutil.copytree(local_root, pristine)
     out: dict[str, list[dict[str, float]]] = {"store": [], "local": []}
@@ -208,7 +208,7 @@ def restart(url: str, work: Path, repeats: int, hidden: int) -> dict[str, object
         out["store"].append(timed_run(cfg_for(3, where), work / f"replacement{rep}"))
         shutil.rmtree(local_root)
         shutil.copytree(pristine, local_root)  # step 3 saved nothing the next round sees
-        out["local"].append(timed_run(cfg_for(3, str(local_root)), work / "local-run"))
+        out["local"].append(timed_run(cfg_for(3, None), work / "local-run"))
     med = {
         f"{side}_{k}": round(statistics.median(r[k] for r in rows), 2)
         for side, rows in out.items()

@@ -23,12 +23,23 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# Under pytest-xdist (`make test` runs tests/unit with `-n 2 --dist loadgroup`), these tests
+# share one worker, one after the other: they start processes, a SLURM job or network
+# namespaces, or time what they run, so two of them side by side would fight for the same
+# cluster or cores.
+SERIAL = ("slurm", "netns", "multiproc", "slow")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("gpu" in item.keywords for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    serial = pytest.mark.xdist_group("serial")
+    for item in items:
+        if any(m in item.keywords for m in SERIAL) or "integration" in item.path.parts:
+            item.add_marker(serial)
 
 
 @pytest.fixture
