@@ -520,22 +520,22 @@ def settle_seconds_lost(run_dir: Path, record: dict[str, Any]) -> None:
     """
     from llmctl.run.rundir import METRICS_FILE
 
-    steps: list[tuple[int, float]] = []
+    times: list[float] = []
     with contextlib.suppress(OSError):
         for line in (run_dir / METRICS_FILE).read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
                 rec = json.loads(line)
                 if "event" not in rec:
-                    steps.append((int(rec["step"]), float(rec["time"])))
+                    times.append(float(rec["time"]))
     for change in record.get("layout_changes") or []:
         at = change.get("relaunched_at")
         if change.get("seconds_lost") is not None or at is None or not change.get("from_step"):
             continue
-        after = [t for s, t in steps if s > change["from_step"] and t >= at]
-        before = [t for _, t in steps if t < change["time"]]
-        if after and before:
-            change["first_step_at"] = min(after)
-            change["seconds_lost"] = round(min(after) - max(before), 3)
+        first = first_step_after(run_dir, int(change["from_step"]), float(at))
+        before = [t for t in times if t < change["time"]]
+        if first is not None and before:
+            change["first_step_at"] = first
+            change["seconds_lost"] = round(first - max(before), 3)
 
 
 def grow_ready(run_dir: Path) -> bool:
