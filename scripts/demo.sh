@@ -2,7 +2,7 @@
 # The demo: what llmctl does on this CPU machine, end to end, on embedded defaults.
 #   topology -> plan (Llama-3 70B on 64 H100s) -> corpus -> clean -> dedup -> tokenizer
 #   -> preprocess
-#   -> train the tiny model (megatron-core, local launcher) -> export to Hugging Face
+#   -> train the tiny model (megatron-core, local launcher, planned for this CPU as probed) -> export to Hugging Face
 #   -> quantize W8A16 and W4A16 (llm-compressor), each with a before/after table.
 # Everything lands under $DEMO_DIR (default demo_out/); nothing is downloaded.
 set -euo pipefail
@@ -40,7 +40,7 @@ $LLMCTL data preprocess "$OUT/data/dedup/corpus.jsonl" --tokenizer "$OUT/data/to
   -o "$OUT/data/stdlib"
 
 step "llmctl train: tiny Llama-style model, megatron-core on CPU (local launcher)"
-$LLMCTL train recipe=tiny_cpu train.run_dir="$OUT/run" \
+$LLMCTL train recipe=tiny_cpu cluster=probe train.run_dir="$OUT/run" \
   "data.prefixes=[$OUT/data/stdlib]" data.tokenizer="$OUT/data/tokenizer/tokenizer.json" \
   checkpoint.interval=25
 
