@@ -80,6 +80,9 @@ _EMOTICONS = _tokens(
     ":-/ :-] :-P :-p :-D ''"
 )
 """Special cases made of punctuation: spaCy joins them back after splitting affixes."""
+_EMOTICON_CHARS = frozenset(":;=()[]'")
+"""Every emoticon holds one of these: a chunk without any has none to join back."""
+assert all(not _EMOTICON_CHARS.isdisjoint(e) for e in _EMOTICONS)
 _NT_BASES = "do does did is are was were has have had could would should ca wo must need"
 _SPLIT: dict[str, tuple[str, ...]] = {
     **{b + "nt": (b, "nt") for b in _NT_BASES.split()},
@@ -147,6 +150,8 @@ def _strip_suffixes(chunk: str, tail: list[str]) -> str:
             cut = len(chunk) - 1
         elif len(chunk) > 3 and chunk[-3:] in ("n't", "n’t", "N'T"):
             cut = len(chunk) - 3
+        elif "'" not in chunk[-4:] and "’" not in chunk[-4:]:
+            return chunk  # no clitic ends it (each holds an apostrophe in its last 4)
         else:
             clitic = next((c for c in _CLITICS if chunk.endswith(c)), None)
             if clitic is None or len(clitic) == len(chunk):
@@ -162,7 +167,7 @@ def _strip_suffixes(chunk: str, tail: list[str]) -> str:
 def _split_chunk(chunk: str, out: list[str]) -> None:
     start = len(out)
     _split_affixes(chunk, out)
-    if len(out) - start > 1:
+    if len(out) - start > 1 and not _EMOTICON_CHARS.isdisjoint(chunk):
         _join_emoticons(out, start)
 
 
