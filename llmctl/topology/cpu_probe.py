@@ -8,13 +8,20 @@ measurement). The probe times, with the threads one rank gets when it runs alone
 logical CPU: the local launcher sets `OMP_NUM_THREADS` to cores / ranks per node):
 
 - `gemm_gflops`: fp32 `torch.mm` over a small model's training GEMMs (`GEMMS`, forward and
-  both backward orientations), total FLOPs over total time, best of several rounds;
-- `copy_gb_s`: a 64 MiB tensor copy (bytes read + written), best of several;
+  both backward orientations), total FLOPs over the sum of each shape's best time;
+- `copy_gb_s`: a 64 MiB tensor copy (bytes read + written), best time;
 - `op_us`: one small element-wise op under autograd, the dispatch cost every layer pays.
 
 Times are the calling thread's seconds on a CPU (`time.thread_time`; the training step's
 load correction also keeps the training thread's CPU seconds), so other processes on a
-shared host stretch them little.
+shared host stretch them little. What they do not remove is a slow phase of the host itself
+(a busy SMT sibling on a virtual machine's core, a clock not yet raised): on the 2-core test
+host (AMD EPYC, KVM) the per-op cost read 8-12 us instead of 5 us for 0.3-2 s at a time, and
+most often in the first second after torch's import. So the probe spins `WARMUP_S` first, then
+measures in interleaved rounds (every GEMM shape, the copy, the op loop, again) for at least
+`WINDOW_S` and `MIN_ROUNDS` rounds, and keeps each quantity's best: one slow phase then costs
+rounds, not the result. The output records the rounds, the window and the share of the
+window the hypervisor reported as stolen (`/proc/stat`; null elsewhere).
 `torch` runs with the environment as given, so `ATEN_CPU_CAPABILITY` (avx2, avx512, default)
 selects the kernels measured, as it does for training. Results are cached in
 `$XDG_CACHE_HOME/llmctl/cpu_probe/` (default ~/.cache), one file per CPU model, kernel
@@ -41,7 +48,12 @@ from llmctl.errors import UserError
 GEMMS = ((256, 4096, 64), (256, 256, 64), (256, 64, 256), (1024, 1024, 256))
 GEMM_SHAPES = tuple(shape for m, n, k in GEMMS for shape in ((m, n, k), (m, k, n), (n, k, m)))
 COPY_BYTES = 64 * 2**20
-ROUNDS = 5
+#: Seconds of the op loop before any measurement, and the interleaved rounds after it.
+WARMUP_S = 0.5
+WINDOW_S = 2.5
+MIN_ROUNDS = 5
+MAX_ROUNDS = 400
+OP_REPS = 200
 #: Fixed costs of megatron-core's CPU training step in units of the probe's per-op cost
 #: (`op_us`): per layer and micro-batch, per micro-batch and virtual stage, per step. Fitted
 #: (exact solve) on one-thread runs of the demo model on the 2-core test host (AVX-512,
@@ -64,13 +76,20 @@ def _thread_cpu_s() -> float:
     return time.thread_time()
 
 
-def _best(fn: Any, rounds: int = ROUNDS) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        start = _thread_cpu_s()
-        fn()
-        best = min(best, _thread_cpu_s() - start)
-    return max(best, 1e-9)
+def _timed(fn: Any) -> float:
+    """The calling thread's CPU seconds for one call of `fn`."""
+    start = _thread_cpu_s()
+    fn()
+    return max(_thread_cpu_s() - start, 1e-9)
+
+
+def _steal_ticks() -> int | None:
+    """Ticks the hypervisor took from this machine's CPUs (/proc/stat's `steal`), or None."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(first[8]) if first[0] == "cpu" and len(first) > 8 else None
+    except (OSError, ValueError):
+        return None
 
 
 def _measure() -> dict[str, Any]:
@@ -81,7 +100,7 @@ def _measure() -> dict[str, Any]:
     imported = time.perf_counter()
     threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
     torch.set_num_threads(threads)
-    flops, seconds = 0.0, 0.0
+    gemms: list[tuple[Any, float]] = []
     for m, n, k in GEMM_SHAPES:
         a, b = torch.randn(m, k), torch.randn(k, n)
         reps = max(1, int(5e7 // (2 * m * n * k)))
@@ -90,28 +109,53 @@ def _measure() -> dict[str, Any]:
             for _ in range(reps):
                 torch.mm(a, b)
 
-        mm()
-        seconds += _best(mm)
-        flops += 2.0 * m * n * k * reps
+        gemms.append((mm, 2.0 * m * n * k * reps))
     x = torch.empty(COPY_BYTES // 4)
     y = torch.empty_like(x)
-    y.copy_(x)
-    copy_s = _best(lambda: y.copy_(x))
     w = torch.randn(64, requires_grad=True)
 
+    def copy() -> None:
+        y.copy_(x)
+
     def ops() -> None:
-        for _ in range(200):
+        for _ in range(OP_REPS):
             w * 2.0
 
-    ops()
-    op_s = _best(ops) / 200
+    warm_end = time.perf_counter() + WARMUP_S
+    while time.perf_counter() < warm_end:
+        ops()
+    for mm, _ in gemms:
+        mm()
+    copy()
+    gemm_best = [float("inf")] * len(gemms)
+    copy_best = op_best = float("inf")
+    steal0, window0 = _steal_ticks(), time.perf_counter()
+    rounds = 0
+    while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - window0 < WINDOW_S):
+        for i, (mm, _) in enumerate(gemms):
+            gemm_best[i] = min(gemm_best[i], _timed(mm))
+        copy_best = min(copy_best, _timed(copy))
+        ops()  # the copy left the caches cold: the op loop is timed warm, as a step runs it
+        op_best = min(op_best, _timed(ops))
+        rounds += 1
+    window = time.perf_counter() - window0
+    steal1 = _steal_ticks()
+    stolen = None
+    if steal0 is not None and steal1 is not None:
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        cpus = os.cpu_count() or 1
+        stolen = round((steal1 - steal0) / hz / (window * cpus), 4)
+    flops = sum(f for _, f in gemms)
     return {
-        "gemm_gflops": round(flops / seconds / 1e9, 3),
-        "copy_gb_s": round(2 * COPY_BYTES / copy_s / 1e9, 3),
-        "op_us": round(op_s * 1e6, 3),
+        "gemm_gflops": round(flops / sum(gemm_best) / 1e9, 3),
+        "copy_gb_s": round(2 * COPY_BYTES / copy_best / 1e9, 3),
+        "op_us": round(op_best / OP_REPS * 1e6, 3),
         "threads": threads,
         "capability": str(torch.backends.cpu.get_cpu_capability()),
         "torch": str(torch.__version__),
+        "rounds": rounds,
+        "window_s": round(window, 3),
+        "steal_share": stolen,
         "import_s": round(imported - start, 3),
         "probe_s": round(time.perf_counter() - imported, 3),
     }

@@ -9,11 +9,12 @@ XDG_CACHE_HOME here). Measured step times are load-corrected (metrics.jsonl `cpu
 20th percentile of the steady-state steps, as in test_plan_calibrate_cpu.py), one thread per
 rank (`OMP_NUM_THREADS=1`: the probe measures, and the rank runs, with one thread, so another
 process on the shared 2-core host cannot make the rank's own CPU seconds wait on a second
-thread). The host's speed drifts by 10-20 % over a minute: each side takes the faster of its
-two runs. The issue's targets are 25 % (first prediction) and 15 % (calibrated); on the shared
-2-core test host under load averages of 11-18 (6 helpers and the lead) the probe's own
-per-op timing moved by up to 30 % between runs (docs/planner.md, "Probed CPU": first
-predictions +3 % to +35 % of the faster run), so the bounds asserted are 40 % and 25 %.
+thread). The host's speed drifts by 10-20 % over a minute: the probe's prediction is compared
+with the faster of the two runs; the prediction calibrated on the first run is compared with
+the second (on its own run a calibration reproduces the measurement exactly). The issue's
+targets are 25 % and 15 %; the bounds asserted are 40 % and 25 %, for CI hosts of other CPU
+families and loads (docs/planner.md, "Probed CPU": a CI run at +60 % came from a probe that
+read the per-op cost in one of the host's slow phases; the probe now measures over a window).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from llmctl.cli.main import app
 from llmctl.run.planning import load_measured_run
 
 pytestmark = [pytest.mark.slow]
-BASE = ["recipe=tiny_cpu", "cluster=probe", "train.train_iters=30", "train.eval_interval=0"]
+BASE = ["recipe=tiny_cpu", "cluster=probe", "train.train_iters=50", "train.eval_interval=0"]
 
 
 def _train(run_dir: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -54,15 +55,18 @@ def test_probe_predicts_the_demo_and_calibration_tightens_it(
         monkeypatch.setenv(key, env[key])
     runs = [tmp_path / "run-1", tmp_path / "run-2"]
     results = [_train(r, env) for r in runs]
-    assert len(list((tmp_path / "cache" / "llmctl" / "cpu_probe").glob("*.json"))) == 1
     predicted = results[0][0]
     assert results[1][0] == pytest.approx(predicted)  # the cached probe: the same prediction
     measured = min(m for _, m in results)
+    (cached,) = (tmp_path / "cache" / "llmctl" / "cpu_probe").glob("*.json")
+    probe = json.loads(cached.read_text())
+    print(f"probe: {probe}; runs measured {[round(m, 4) for _, m in results]} s")
     print(f"probe: predicted {predicted:.4f} s, measured {measured:.4f} s "
           f"({predicted / measured - 1:+.1%})")  # fmt: skip
     assert predicted == pytest.approx(measured, rel=0.40)
-    # calibrate on the first run and plan again: compared with the faster run, as above
-    first = runs[0]
+    # calibrate on the first run and plan again: compared with the second (held out; on the
+    # run it was fitted to, the calibrated prediction is that run's own measurement)
+    first, held_out = runs[0], results[1][1]
     out = tmp_path / "calibrated.yaml"
     args = ["plan", *BASE[:2], "--tp", "1", "--pp", "1", "--mbs", "4", "--json"]
     res = CliRunner().invoke(app, [*args, "--calibrate", str(first), "--out", str(out)])
@@ -71,6 +75,6 @@ def test_probe_predicts_the_demo_and_calibration_tightens_it(
                                      str(out)])  # fmt: skip
     assert later.exit_code == 0, later.output
     calibrated = json.loads(later.stdout)["ranked"][0]["step_s"]
-    print(f"calibrated on {first.name}: predicted {calibrated:.4f} s, measured "
-          f"{measured:.4f} s ({calibrated / measured - 1:+.1%})")  # fmt: skip
-    assert calibrated == pytest.approx(measured, rel=0.25)
+    print(f"calibrated on {first.name}: predicted {calibrated:.4f} s, run-2 measured "
+          f"{held_out:.4f} s ({calibrated / held_out - 1:+.1%})")  # fmt: skip
+    assert calibrated == pytest.approx(held_out, rel=0.25)
