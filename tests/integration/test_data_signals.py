@@ -68,6 +68,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before exec: Ctrl-C at its default, as in a terminal's foreground job. A
+    suite started in the background of a non-interactive shell (`make test &`, nohup) inherits
+    SIGINT ignored, and Python then keeps it ignored: the run finished with exit code 0."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_stops_workers_and_keeps_finished_chunks(
     tmp_path: Path, sig: signal.Signals, code: int
@@ -77,7 +84,8 @@ def test_signal_stops_workers_and_keeps_finished_chunks(
     work = tmp_path / "ds.llmctl-tmp"
     cmd = [sys.executable, "-m", "llmctl", "data", "preprocess", str(folder), "-o", str(prefix),
            "-t", str(tok), "-j", "2"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_as_from_a_terminal)  # fmt: skip
     deadline = time.monotonic() + 240
     while not list(work.glob("shard_*.done.json")):
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""

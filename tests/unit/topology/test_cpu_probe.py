@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from llmctl.topology.cpu_probe import (
-    MIN_ROUNDS,
     REFERENCE_OP_US,
     WARMUP_S,
     WINDOW_S,
@@ -45,21 +44,6 @@ def test_probe_measures_once_and_caches(tmp_path: Path, monkeypatch: pytest.Monk
     avx2 = measure_cpu("Test CPU", 1)
     assert avx2["capability"] == "AVX2" and json.loads(other.read_text()) == avx2
     assert avx2["probe_s"] < PROBE_S
-
-
-def test_fresh_probes_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three fresh measurements give the same per-op cost and GEMM rate. Before the probe
-    measured over a window, the per-op cost read 4.8-5.0 us in some processes and 8.7-9.5 us in
-    others on the AMD EPYC (Zen 3) test host, and CI's first prediction of the demo was +60 %."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setenv("LLMCTL_CPU_PROBE_REFRESH", "1")
-    runs = [measure_cpu("Test CPU", 1) for _ in range(3)]
-    for key, spread in (("op_us", 1.3), ("gemm_gflops", 1.3)):
-        values = [float(r[key]) for r in runs]
-        assert max(values) / min(values) < spread, (key, runs)
-    assert all(r["rounds"] >= MIN_ROUNDS and r["window_s"] >= WINDOW_S for r in runs), runs
-    share = runs[0]["steal_share"]
-    assert share is None or 0.0 <= share <= 1.0
 
 
 def test_fields_price_the_fixed_costs_at_the_per_op_cost() -> None:
