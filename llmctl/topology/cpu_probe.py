@@ -54,6 +54,8 @@ WINDOW_S = 2.5
 MIN_ROUNDS = 5
 MAX_ROUNDS = 400
 OP_REPS = 200
+#: A cached measurement is reused only with these (`window_s`: measured over the window).
+CACHED_KEYS = frozenset({"gemm_gflops", "copy_gb_s", "op_us", "window_s"})
 #: Fixed costs of megatron-core's CPU training step in units of the probe's per-op cost
 #: (`op_us`): per layer and micro-batch, per micro-batch and virtual stage, per step. Fitted
 #: (exact solve) on one-thread runs of the demo model on the 2-core test host (AVX-512,
@@ -142,9 +144,8 @@ def _measure() -> dict[str, Any]:
     steal1 = _steal_ticks()
     stolen = None
     if steal0 is not None and steal1 is not None:
-        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        cpus = os.cpu_count() or 1
-        stolen = round((steal1 - steal0) / hz / (window * cpus), 4)
+        ticks = (steal1 - steal0) / os.sysconf("SC_CLK_TCK")  # /proc/stat: Linux only
+        stolen = round(ticks / (window * (os.cpu_count() or 1)), 4)
     flops = sum(f for _, f in gemms)
     return {
         "gemm_gflops": round(flops / sum(gemm_best) / 1e9, 3),
@@ -181,10 +182,12 @@ def measure_cpu(cpu_model: str, threads: int) -> dict[str, Any]:
     if path.is_file() and os.environ.get("LLMCTL_CPU_PROBE_REFRESH") != "1":
         try:
             cached = json.loads(path.read_text())
-            if isinstance(cached, dict) and {"gemm_gflops", "copy_gb_s", "op_us"} <= set(cached):
+            if isinstance(cached, dict) and set(cached) >= CACHED_KEYS:
                 return cached
         except ValueError:
             pass  # a torn or foreign file: measure again and replace it
+        # a file without `window_s` is the back-to-back probe's (before the window): measured
+        # again, since that probe could read the per-op cost 2x in a slow phase of the host
     proc = subprocess.run(
         [sys.executable, "-m", "llmctl.topology.cpu_probe"],
         capture_output=True,

@@ -70,7 +70,7 @@ def test_probe_predicts_the_demo_and_calibration_tightens_it(
     # both sides there too). A held-out second run here measured 60 % slower than the first
     # once, on a quiet host: run-to-run noise, not the calibration.
     best = min(range(len(runs)), key=lambda i: results[i][1])
-    first, held_out = runs[best], results[best][1]
+    first, fitted_on = runs[best], results[best][1]
     out = tmp_path / "calibrated.yaml"
     args = ["plan", *BASE[:2], "--tp", "1", "--pp", "1", "--mbs", "4", "--json"]
     res = CliRunner().invoke(app, [*args, "--calibrate", str(first), "--out", str(out)])
@@ -80,8 +80,8 @@ def test_probe_predicts_the_demo_and_calibration_tightens_it(
     assert later.exit_code == 0, later.output
     calibrated = json.loads(later.stdout)["ranked"][0]["step_s"]
     print(f"calibrated on {first.name}: predicted {calibrated:.4f} s, measured "
-          f"{held_out:.4f} s ({calibrated / held_out - 1:+.1%})")  # fmt: skip
-    assert calibrated == pytest.approx(held_out, rel=0.15)
+          f"{fitted_on:.4f} s ({calibrated / fitted_on - 1:+.1%})")  # fmt: skip
+    assert calibrated == pytest.approx(fitted_on, rel=0.15)
 
 
 def test_fresh_probes_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

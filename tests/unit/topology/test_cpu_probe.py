@@ -44,6 +44,10 @@ def test_probe_measures_once_and_caches(tmp_path: Path, monkeypatch: pytest.Monk
     avx2 = measure_cpu("Test CPU", 1)
     assert avx2["capability"] == "AVX2" and json.loads(other.read_text()) == avx2
     assert avx2["probe_s"] < PROBE_S
+    # a measurement of the probe before its window (no `window_s`) is measured again
+    other.write_text('{"gemm_gflops": 1.0, "copy_gb_s": 1.0, "op_us": 99.0}')
+    again = measure_cpu("Test CPU", 1)
+    assert "window_s" in again and json.loads(other.read_text()) == again
 
 
 def test_fields_price_the_fixed_costs_at_the_per_op_cost() -> None:
