@@ -142,6 +142,11 @@ def compose(
         body["cluster"] = cluster_aliases(body["cluster"])
     choices = _recipe_choices(path, body)
     store = ConfigStore.instance()
+    chosen = [o for o in overrides or [] if o.split("=", 1)[0].lstrip("+~") == "cluster"]
+    if cluster_file is not None and chosen:
+        raise UserError(
+            f"--cluster-file {cluster_file} and {chosen[0]} both choose the cluster; give one"
+        )
     if cluster_file is not None:
         store.store(group="cluster", name=_CLUSTER_FILE_NODE, node=_load_cluster_file(cluster_file))
         choices["cluster"] = _CLUSTER_FILE_NODE

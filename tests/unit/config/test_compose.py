@@ -109,6 +109,11 @@ def test_cluster_file_replaces_cluster(tmp_path: Path) -> None:
     cfg = compose("tiny_cpu", ["cluster.num_nodes=3"], cluster_file=str(desc))
     assert cfg.cluster.name == "probed" and cfg.cluster.gpus_per_node == 4
     assert cfg.cluster.num_nodes == 3  # command-line overrides win over the file
+    # a cluster option beside the file would replace it unseen (a calibrated file dropped):
+    # refused, naming both
+    for option in ("cluster=probe", "cluster=dgx_h100"):
+        with pytest.raises(UserError, match=f"--cluster-file {desc} and {option} both choose"):
+            compose("tiny_cpu", [option], cluster_file=str(desc))
     desc.write_text("name: probed\nhbm_gib: lots\n")
     with pytest.raises(UserError, match=r"cluster\.yaml"):
         compose("tiny_cpu", cluster_file=str(desc))
