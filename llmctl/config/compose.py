@@ -142,7 +142,7 @@ def compose(
         body["cluster"] = cluster_aliases(body["cluster"])
     choices = _recipe_choices(path, body)
     store = ConfigStore.instance()
-    chosen = [o for o in overrides or [] if o.split("=", 1)[0].lstrip("+~") == "cluster"]
+    chosen = [o for o in overrides or [] if _override_key(o) == "cluster"]
     if cluster_file is not None and chosen:
         raise UserError(
             f"--cluster-file {cluster_file} and {chosen[0]} both choose the cluster; give one"
@@ -241,6 +241,11 @@ def _dict_keys() -> set[str]:
     }
 
 
+def _override_key(override: str) -> str:
+    """The key an override sets, adds or deletes (`+a.b=1`, `~a.b`: `a.b`)."""
+    return re.split(r"[=~]", override.lstrip("+~"), maxsplit=1)[0].strip()
+
+
 def _check_override_keys(overrides: list[str]) -> list[str]:
     """Reject unknown keys with a hint; let dict fields take new entries (`launcher.env.X=1`)."""
     known = set(all_keys())
@@ -249,7 +254,7 @@ def _check_override_keys(overrides: list[str]) -> list[str]:
     for ov in overrides:
         if "=" not in ov:
             raise UserError(f"override {ov!r} is not key=value")
-        key = re.split(r"[=~]", ov.lstrip("+~"), maxsplit=1)[0].strip()
+        key = _override_key(ov)
         if key in GROUPS:
             options = list_options(key)
             value = ov.split("=", 1)[1]
