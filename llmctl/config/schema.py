@@ -16,7 +16,7 @@ from omegaconf import MISSING
 # One vocabulary with the planner (plan is the lower layer): parallel.recompute and
 # parallel.optimizer_sharding take the planner's enums.
 from llmctl.plan.specs import Recompute, Sharding
-from llmctl.plan.stack import Stack
+from llmctl.plan.stack import FsdpImpl, Stack
 
 
 def doc(default: Any = MISSING, text: str = "", *, factory: Any = None) -> Any:
@@ -627,6 +627,12 @@ class PlanConfig:
         "Software stack priced: megatron_te (Megatron-core + Transformer Engine, what the "
         "cluster knobs were fitted on) or pytorch_native (torchtitan-like: no TE TP overlap, "
         "synchronous DTensor TP, no p2p or MoE all-to-all overlap); docs/planner.md.",
+    )
+    fsdp: FsdpImpl = doc(
+        FsdpImpl.megatron_fsdp,
+        "FSDP a full-sharding layout is priced as on megatron_te: megatron_fsdp "
+        "(Megatron-FSDP, Megatron-Bridge's) or torch_fsdp2 (megatron-core's torch FSDP2 "
+        "wrapper: 16-bit sharded gradients; what llmctl train runs, which sets it).",
     )
     published_layout: dict[str, Any] = doc(
         factory=dict,

@@ -101,6 +101,10 @@ def state_bytes(run: RunSpec, sharding: Sharding, shard: int) -> tuple[float, fl
         # FSDP2 mixed precision: the sharded parameters are the fp32 masters, their sharded
         # gradients fp32 (reduce_dtype), Adam m and v fp32: 16 bytes a parameter over the shard
         return 4.0 / shard, 4.0 / shard, 8.0 / shard
+    if sharding == Sharding.full and run.fsdp_wrapper:
+        # megatron-core's torch FSDP2 wrapper: no mixed-precision policy, so the gradient
+        # shards are in the parameter dtype; megatron's optimizer keeps the fp32 masters
+        return w / shard, w / shard, o / shard
     if sharding == Sharding.none:
         return w, g, o
     if sharding == Sharding.distributed:
@@ -299,6 +303,10 @@ class _Stage:
     frozen: float
     edge: float
     """Parameters of the stage's embedding or output layer (its own FSDP unit), 0 if none."""
+    embed: float = 0.0
+    """Parameters of the stage's input embedding (first stage), 0 if none."""
+    root: float = 0.0
+    """Parameters of the stage's final norm and output layer (last stage), 0 if none."""
 
 
 def _static(
@@ -320,10 +328,9 @@ def _static(
     acts = activation_bytes(model, run, layout, layers=layers, rank=rank, num_microbatches=m)
     lp = layer_params(model, layout.tp, layout.ep, layout.etp).total
     frozen = embedding_params(model, layout.tp) if first and run.freeze_embeddings else 0
-    edge = max(
-        embedding_params(model, layout.tp) if first else 0,
-        output_params(model, layout.tp, pp) if last else 0,
-    )
+    embed = embedding_params(model, layout.tp) if first else 0
+    root = output_params(model, layout.tp, pp) if last else 0
+    edge = max(embed, root)
     dense, frozen_all = lora_stage(model, run, layout.tp, layers, params.dense, frozen)  # LoRA
     return _Stage(
         dense=float(dense),
@@ -333,6 +340,8 @@ def _static(
         acts=acts,
         frozen=float(frozen_all),
         edge=float(edge),
+        embed=float(embed),
+        root=float(root),
     )
 
 
@@ -347,8 +356,17 @@ def gathered_bytes(run: RunSpec, st: _Stage, pp: int) -> tuple[float, float]:
     16-bit gradient of the unit in backward and its fp32 copy for the reduce-scatter
     (`reduce_dtype` fp32); with PP > 1 torchtitan does not reshard after forward, so the whole
     stage stays gathered and its 16-bit gradients accumulate unsharded over micro-batches.
+    megatron-core's torch FSDP2 wrapper (`fsdp_wrapper`, `llmctl train`): the final norm and
+    output layer are not a unit of their own but the root's, gathered through forward and
+    backward with their gradient; on top, the layer in backward and the one it prefetches
+    (or the embedding), and the gradient of one unit, all in the parameter dtype (the CPU
+    memory oracle measures these exactly).
     """
     wbytes = 1.0 if run.fp8 and run.fp8_param_gather else BYTES[run.params_dtype]
+    if run.fsdp_wrapper and not run.torch_native:
+        pbytes = BYTES[run.params_dtype]
+        weights = max(2 * st.layer, st.layer + st.embed) + st.root
+        return weights * wbytes, (max(st.layer, st.embed) + st.root) * pbytes
     pair = st.layer + max(st.layer, st.edge)
     if not run.torch_native:
         return pair * wbytes, pair * BYTES[run.grad_dtype]

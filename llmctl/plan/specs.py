@@ -255,6 +255,13 @@ class RunSpec:
     sharded parameters, per-block gathers, no reshard after forward with PP > 1), the loss is
     torch's cross entropy over fp32 logits, selective recompute is torchtitan's per-op
     policy (`llmctl.plan.memory`)."""
+    fsdp_wrapper: bool = False
+    """Full sharding as `llmctl train` runs it: megatron-core's torch FSDP2 wrapper
+    (`TorchFullyShardedDataParallel`) under megatron's optimizer, in place of Megatron-FSDP.
+    No mixed-precision policy, so gradients are sharded in the parameter dtype; the root unit
+    (final norm and output layer) stays gathered through forward and backward and the
+    backward prefetches one layer (`llmctl.plan.memory.gathered_bytes`; measured by the CPU
+    memory oracle). Ignored with `torch_native`."""
     moe_a2a_overlap: bool = False
     """MoE all-to-alls overlapped with another micro-batch's compute (megatron-core
     `overlap_moe_expert_parallel_comm`; off by default, on in Megatron-Bridge's Qwen3-235B

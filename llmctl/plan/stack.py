@@ -40,6 +40,18 @@ class Stack(StrEnum):
     pytorch_native = "pytorch_native"
 
 
+class FsdpImpl(StrEnum):
+    """Which FSDP a full-sharding layout is priced as on the megatron_te stack (`plan.fsdp`).
+
+    `megatron_fsdp`: Megatron-FSDP (Megatron-Bridge's, the published runs'). `torch_fsdp2`:
+    megatron-core's torch FSDP2 wrapper, what `llmctl train` runs (`RunSpec.fsdp_wrapper`).
+    The pytorch_native stack always prices torchtitan's FSDP2.
+    """
+
+    megatron_fsdp = "megatron_fsdp"
+    torch_fsdp2 = "torch_fsdp2"
+
+
 def apply_stack(inp: PlanInput, stack: Stack) -> PlanInput:
     """`inp` as `stack` runs it (see the module docstring); `megatron_te` is `inp` itself."""
     if stack == Stack.megatron_te:

@@ -41,7 +41,7 @@ from llmctl.plan import (
 from llmctl.plan.calibrate import MeasuredRun, calibrate_time
 from llmctl.plan.layout import LAYOUT_DICT_KEYS, StageSplit, layout_from_dict
 from llmctl.plan.perf import loss_layers_moved
-from llmctl.plan.stack import Stack, apply_stack
+from llmctl.plan.stack import FsdpImpl, Stack, apply_stack
 from llmctl.run.layout import (
     fixed_sequence_parallel,
     layout_from_record,
@@ -160,6 +160,7 @@ def run_spec(cfg: RootConfig) -> RunSpec:
         freeze_embeddings=cfg.train.freeze_embeddings,
         **_lora_fields(cfg),
         moe_a2a_overlap=cfg.parallel.moe_a2a_overlap and cfg.model.num_experts > 0,
+        fsdp_wrapper=cfg.plan.fsdp == FsdpImpl.torch_fsdp2,
     )
 
 

@@ -15,6 +15,7 @@ reaches (measured on megatron-core 0.16.1 with a CPU build of torch 2.13):
    `Tensor.type()` with `'torch.cuda.FloatTensor'`. A `TorchFunctionMode` maps a CUDA `device=`
    argument (and `.to('cuda')`) to CPU and reports CPU floating tensors' `type()` as
    `torch.cuda.*`.
+5. megatron-core's torch FSDP2 wrapper asks for a "cuda" device mesh: it gets a "cpu" one.
 
 The layer is installed only when `torch.cuda.is_available()` is False (`install()` refuses
 otherwise), it touches only torch-level objects, and megatron's source stays untouched.
@@ -201,6 +202,25 @@ def _patch_checkpoint_rng() -> None:
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
+def _patch_device_mesh() -> None:
+    """megatron-core's torch FSDP2 wrapper builds its mesh with
+    `DeviceMesh.from_group(group, "cuda")`; on CPU the mesh's device type is "cpu" (gloo)."""
+    import inspect
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = inspect.getattr_static(DeviceMesh, "from_group")
+    _SAVED[(DeviceMesh, "from_group")] = original
+    from_group = original.__func__
+
+    def cpu_from_group(group: Any, device_type: str, *args: Any, **kwargs: Any) -> Any:
+        if device_type.startswith("cuda"):
+            device_type = "cpu"
+        return from_group(group, device_type, *args, **kwargs)
+
+    DeviceMesh.from_group = staticmethod(cpu_from_group)  # type: ignore[method-assign]
+
+
 def _cpu_rng_tracker_class() -> type:
     import torch
     from megatron.core.tensor_parallel import random as mrandom
@@ -272,6 +292,7 @@ def install() -> None:
     )
     _patch_torch_cuda()
     _patch_checkpoint_rng()
+    _patch_device_mesh()
     _MODE = _make_mode()
     _MODE.__enter__()
     _INSTALLED = True

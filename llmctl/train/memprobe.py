@@ -13,6 +13,10 @@ What is measured, on one rank, with the real objects:
   Each saved tensor is held by a small box whose release (when autograd frees the saved
   variable after the node's backward) lowers the live count, so the peak over a whole
   pipeline schedule is the activation bytes of all micro-batches in flight at once.
+- FSDP (`ProbeLayout.fsdp`, megatron-core's torch FSDP2 wrapper as `llmctl train` runs it):
+  weights, grads and optimizer state are the local shards of the DTensors; on top of them
+  `FsdpMeter` reads the peak bytes of unsharded parameters gathered at once and the peak of
+  unsharded gradients alive before their reduce-scatter (`gathered_weights`, `gathered_grads`).
 
 Heavy imports (torch, megatron-core) happen inside the functions. The process must already
 be in a `torch.distributed` group (gloo on CPU) with `llmctl.train.cpu_compat` installed.
@@ -20,6 +24,7 @@ be in a `torch.distributed` group (gloo on CPU) with `llmctl.train.cpu_compat` i
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +38,9 @@ class SavedTensorMeter:
     """
 
     exclude: set[int] = field(default_factory=set)
+    excluded: Any = None
+    """Optional `(storage pointer) -> bool`, asked at each save: storages not counted at that
+    moment (FSDP's gathered parameters, which live only while their unit is gathered)."""
     live: int = 0
     peak: int = 0
     saved: int = 0
@@ -51,6 +59,8 @@ class SavedTensorMeter:
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         if ptr in self.exclude or storage.nbytes() == 0:
+            return tensor
+        if self.excluded is not None and self.excluded(ptr):
             return tensor
         entry = self._refs.get(ptr)
         if entry is None:
@@ -96,10 +106,15 @@ def _unpack(packed: Any) -> Any:
     return packed.tensor if isinstance(packed, _Box) else packed
 
 
+def _local(t: Any) -> Any:
+    """The local shard of a DTensor (FSDP), the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _storage_bytes(tensors: Any) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
-        st = t.untyped_storage()
+        st = _local(t).untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
 
@@ -116,7 +131,7 @@ def _ddp_buffers(chunk: Any) -> list[Any]:
 
 def param_storages(chunks: list[Any]) -> set[int]:
     """Storage pointers of every parameter (and DDP buffer) of the chunks."""
-    ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
+    ptrs = {_local(p).untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
     for c in chunks:
         for buf in _ddp_buffers(c):
             if buf.param_data is not None:
@@ -132,7 +147,7 @@ def weight_bytes(chunks: list[Any]) -> int:
         for p in c.parameters():
             if id(p) not in seen:
                 seen.add(id(p))
-                total += p.numel() * p.element_size()
+                total += _local(p).numel() * p.element_size()
     return total
 
 
@@ -143,6 +158,103 @@ def grad_buffer_bytes(chunks: list[Any]) -> int:
         for buf in _ddp_buffers(c):
             total += buf.grad_data.numel() * buf.grad_data.element_size()
     return total
+
+
+def local_grad_bytes(chunks: list[Any]) -> int:
+    """Bytes of the parameters' own `.grad` (their local shards under FSDP)."""
+    return _storage_bytes(p.grad for c in chunks for p in c.parameters() if p.grad is not None)
+
+
+class FsdpMeter:
+    """Peak unsharded bytes torch FSDP2 holds on top of the shards, over one step.
+
+    Reads FSDP2's parameter groups (`torch.distributed.fsdp` internals, torch 2.4+): after
+    each all-gather is issued (`unshard`, prefetches included) or waited on, and at each
+    `post_backward` (before its reduce-scatter frees anything) it sums the unsharded
+    parameters of every group gathered or being gathered at that moment, and the unsharded
+    gradients every group still holds.
+    """
+
+    def __init__(self, chunks: list[Any], saved: SavedTensorMeter | None = None) -> None:
+        """`saved`: a meter told not to count the storages of the parameters gathered at the
+        moment of each save (the unsharded weights autograd saves are not activations)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if saved is not None:
+            saved.excluded = self.is_gathered_storage
+
+        self.groups = []
+        for c in chunks:
+            for m in c.modules():
+                if isinstance(m, FSDPModule):
+                    self.groups += m._get_fsdp_state()._fsdp_param_groups
+        self.weights_peak = 0
+        self.grads_peak = 0
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def is_gathered_storage(self, ptr: int) -> bool:
+        """Whether `ptr` is the storage of a parameter gathered now."""
+        for g in self.groups:
+            if g.is_unsharded:
+                for fp in g.fsdp_params:
+                    up = getattr(fp, "_unsharded_param", None)
+                    if up is not None and up.untyped_storage().data_ptr() == ptr:
+                        return True
+        return False
+
+    def _gathered(self) -> tuple[int, int]:
+        weights = grads = 0
+        for g in self.groups:
+            # gathered: unsharded, or its all-gather issued (a prefetch) and not yet waited on
+            gathered = g.is_unsharded or g._all_gather_result is not None
+            for fp in g.fsdp_params:
+                if gathered:
+                    weights += fp._orig_size.numel() * fp.sharded_param.element_size()
+                if not hasattr(fp, "_unsharded_param"):
+                    continue
+                up = fp._unsharded_param
+                grad = (
+                    up.grad
+                    if fp.unsharded_accumulated_grad is None
+                    else (fp.unsharded_accumulated_grad)
+                )
+                if grad is not None:
+                    grads += grad.numel() * grad.element_size()
+        return weights, grads
+
+    def _sample(self) -> None:
+        w, g = self._gathered()
+        self.weights_peak = max(self.weights_peak, w)
+        self.grads_peak = max(self.grads_peak, g)
+
+    def __enter__(self) -> FsdpMeter:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+        meter = self
+        for name, before in (
+            ("unshard", False),
+            ("wait_for_unshard", False),
+            ("post_backward", True),
+        ):
+            original = getattr(FSDPParamGroup, name)
+
+            def wrapped(group: Any, *a: Any, _orig: Any = original, _pre: bool = before,
+                        **k: Any) -> Any:  # fmt: skip
+                if _pre:
+                    meter._sample()
+                out = _orig(group, *a, **k)
+                if not _pre:
+                    meter._sample()
+                return out
+
+            self._saved.append((FSDPParamGroup, name, original))
+            setattr(FSDPParamGroup, name, wrapped)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+        self._saved.clear()
 
 
 def optimizer_bytes(optimizer: Any) -> int:
@@ -189,6 +301,8 @@ class ProbeLayout:
     sp: bool = False
     recompute: str = "none"
     distributed_optimizer: bool = False
+    fsdp: bool = False
+    """megatron-core's torch FSDP2 wrapper (`llmctl train`'s parallel.optimizer_sharding=full)."""
     micro_batch_size: int = 1
     num_microbatches: int = 1
     bf16: bool = True
@@ -206,6 +320,10 @@ class ProbeResult:
     the schedule's micro-batches)."""
     activations_peak: int
     """Peak live saved bytes over the whole forward-backward schedule."""
+    gathered_weights: int = 0
+    """FSDP: peak bytes of unsharded parameters gathered at once (0 without FSDP)."""
+    gathered_grads: int = 0
+    """FSDP: peak bytes of unsharded gradients alive before their reduce-scatter."""
 
     def as_dict(self) -> dict[str, int]:
         """Plain dict (JSON)."""
@@ -215,6 +333,8 @@ class ProbeResult:
             "optimizer": self.optimizer,
             "activations_one": self.activations_one,
             "activations_peak": self.activations_peak,
+            "gathered_weights": self.gathered_weights,
+            "gathered_grads": self.gathered_grads,
         }
 
 
@@ -255,6 +375,7 @@ def _config(shape: ProbeShape, lay: ProbeLayout) -> Any:
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=lay.bf16,
+        transformer_impl="local",
         **recompute,
     )
 
@@ -342,16 +463,27 @@ def probe(shape: ProbeShape, lay: ProbeLayout) -> ProbeResult:
     # megatron's training wraps each chunk in Float16Module (every parameter, norms too, in
     # the 16-bit dtype), as GPU runs do; without it the local spec's norms stay fp32.
     chunks = [Float16Module(config, c) if lay.bf16 else c for c in _chunks(shape, lay, config)]
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=lay.distributed_optimizer
-    )
-    model = [
-        DistributedDataParallel(
-            config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0
+    if lay.fsdp:
+        from megatron.core.distributed.torch_fully_sharded_data_parallel_config import (
+            TorchFullyShardedDataParallelConfig,
         )
-        for i, c in enumerate(chunks)
-    ]
-    config.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
+
+        from llmctl.train.optim import fsdp_class
+
+        cls, fsdp_config = fsdp_class(), TorchFullyShardedDataParallelConfig()
+        model = [cls(config=config, ddp_config=fsdp_config, module=c) for c in chunks]
+        config.no_sync_func = None
+    else:
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=lay.distributed_optimizer
+        )
+        model = [
+            DistributedDataParallel(
+                config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0
+            )
+            for i, c in enumerate(chunks)
+        ]
+        config.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
     config.finalize_model_grads_func = finalize_model_grads
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
@@ -364,10 +496,11 @@ def probe(shape: ProbeShape, lay: ProbeLayout) -> ProbeResult:
         model,
     )
     meter = SavedTensorMeter(exclude=param_storages(model))
+    fsdp_meter = FsdpMeter(model, meter) if lay.fsdp else contextlib.nullcontext()
     fb = get_forward_backward_func()
     m = lay.num_microbatches
     iters = [iter(_batches(shape, lay, m)) for _ in model]
-    with meter:
+    with meter, fsdp_meter:
         fb(
             forward_step_func=_forward_step,
             data_iterator=iters if len(iters) > 1 else iters[0],
@@ -378,12 +511,15 @@ def probe(shape: ProbeShape, lay: ProbeLayout) -> ProbeResult:
             forward_only=False,
         )
     peak = meter.peak
+    grads = local_grad_bytes(model) if lay.fsdp else grad_buffer_bytes(model)
     optimizer.step()
     torch.distributed.barrier()
     return ProbeResult(
         weights=weight_bytes(model),
-        grads=grad_buffer_bytes(model),
+        grads=grads,
         optimizer=optimizer_bytes(optimizer),
         activations_one=meter.saved // m,
         activations_peak=peak,
+        gathered_weights=fsdp_meter.weights_peak if isinstance(fsdp_meter, FsdpMeter) else 0,
+        gathered_grads=fsdp_meter.grads_peak if isinstance(fsdp_meter, FsdpMeter) else 0,
     )

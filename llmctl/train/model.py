@@ -56,6 +56,8 @@ def _device_kwargs(model: Any, *, on_gpu: bool, use_te: bool) -> dict[str, Any]:
     `batch_p2p_comm` is off on CPU: with gloo, batched isend/irecv in both directions at once
     (the interleaved schedule's steady state, micro-batches > PP) gave wrong activations
     (step-1 loss 8.3738 instead of 8.3743, measured); separate send/recv ops match TP=1 exactly.
+    `transformer_impl` names the layer spec built (`layer_spec`): megatron-core's torch FSDP2
+    wrapper reads it to choose the submodules it shards on their own.
     """
     te = on_gpu and use_te
     gated = _value(model.activation) == "swiglu"
@@ -68,6 +70,7 @@ def _device_kwargs(model: Any, *, on_gpu: bool, use_te: bool) -> dict[str, Any]:
         "bias_dropout_fusion": on_gpu,
         "apply_rope_fusion": te and _value(model.position_embedding) == "rope",
         "persist_layer_norm": te,
+        "transformer_impl": "transformer_engine" if te else "local",
     }
 
 

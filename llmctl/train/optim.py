@@ -10,13 +10,15 @@ the backward pass.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
-from llmctl.errors import UserError
 from llmctl.plan import Layout
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
+
+log = logging.getLogger(__name__)
 
 
 def wrap_ddp(
@@ -39,7 +41,7 @@ def wrap_ddp(
     )
 
     if layout.optimizer_sharding == "full":
-        raise UserError("parallel.optimizer_sharding=full (FSDP) is not supported by llmctl train")
+        return _wrap_fsdp(chunks, config, grad_reduce_in_fp32=grad_reduce_in_fp32)
     overlap = on_gpu and layout.dp > 1
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=grad_reduce_in_fp32,
@@ -63,6 +65,64 @@ def wrap_ddp(
             config.grad_sync_func = config.grad_sync_func[0]
     config.finalize_model_grads_func = finalize_model_grads
     return wrapped
+
+
+def _wrap_fsdp(chunks: list[Any], config: Any, *, grad_reduce_in_fp32: bool) -> list[Any]:
+    """Shard each chunk with megatron-core's torch FSDP2 wrapper (ZeRO-3).
+
+    Parameters, gradients and optimizer state are sharded over the data-parallel group; each
+    transformer layer and the embedding gather their parameters just in time and free them
+    after forward (`reshard_after_forward`). Gradients are reduce-scattered (averaged) after
+    every micro-batch's backward: the wrapper has no `no_sync`.
+    """
+    fsdp_cls = fsdp_class()
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed.torch_fully_sharded_data_parallel_config import (
+        TorchFullyShardedDataParallelConfig,
+    )
+
+    fsdp_config = TorchFullyShardedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32)
+    wrapped = [fsdp_cls(config=config, ddp_config=fsdp_config, module=c) for c in chunks]
+    held, total = fsdp_shard_numel(wrapped)
+    log.info("FSDP: this rank holds %d of %d parameter elements", held, total)
+    config.no_sync_func = None
+    config.finalize_model_grads_func = finalize_model_grads
+    return wrapped
+
+
+def fsdp_shard_numel(chunks: list[Any]) -> tuple[int, int]:
+    """(elements this rank holds, elements of the whole parameters) over FSDP chunks."""
+    held = total = 0
+    for chunk in chunks:
+        for param in chunk.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            held += local.numel()
+            total += param.numel()
+    return held, total
+
+
+def fsdp_class() -> type:
+    """megatron-core's `TorchFullyShardedDataParallel` with the two hooks 0.16.1 lacks.
+
+    `finalize_model_grads` calls `finish_grad_sync(force_all_reduce=...)`, which the base
+    class does not accept (FSDP2 has already reduce-scattered), and per-token loss
+    normalisation calls `scale_gradients`, a no-op in the base class: here it scales the
+    local gradient shards.
+    """
+    from megatron.core.distributed.torch_fully_sharded_data_parallel import (
+        TorchFullyShardedDataParallel,
+    )
+
+    class Fsdp(TorchFullyShardedDataParallel):  # type: ignore[misc]
+        def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
+            del force_all_reduce
+
+        def scale_gradients(self, scaling_factor: float) -> None:
+            for param in self.module.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(scaling_factor)
+
+    return Fsdp
 
 
 def build_optimizer(cfg: RootConfig, model: list[Any], config: Any, layout: Layout) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,9 @@ BASE = [
     "train.lr=3e-3",
     "train.warmup_iters=2",
 ]
+
+
+FSDP = ["parallel.optimizer_sharding=full", "checkpoint.interval=0"]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +118,15 @@ def baseline(demo_cache, tmp_path_factory):
         ("pp2", ["parallel.pp=2", "parallel.micro_batch_size=2"], 2),
         # Interleaved 1F1B: 4 micro-batches on PP=2 with VPP=2 reach its steady state.
         ("pp2_vpp2", ["parallel.pp=2", "parallel.vpp=2", "parallel.micro_batch_size=2"], 2),
+        # FSDP (megatron-core's torch FSDP2 wrapper): parameters, grads and Adam state
+        # sharded over DP, alone, with TP and with PP (checkpointing off: see docs/train.md).
+        ("dp2_fsdp", ["parallel.dp=2", *FSDP], 2),
+        ("tp2_dp2_fsdp", ["parallel.tp=2", "parallel.dp=2", *FSDP], 4),
+        (
+            "pp2_dp2_fsdp",
+            ["parallel.pp=2", "parallel.dp=2", "parallel.micro_batch_size=2", *FSDP],
+            4,
+        ),
     ],
 )
 def test_layout_matches_tp1(name, overrides, nproc, baseline, demo_cache, tmp_path):
@@ -134,6 +147,12 @@ def test_layout_matches_tp1(name, overrides, nproc, baseline, demo_cache, tmp_pa
         assert (run_dir / "logs" / f"rank{rank}.log").is_file()
     perf = json.loads((run_dir / "perf.json").read_text())
     assert perf["num_devices"] == nproc and perf["tokens_per_s"] > 0
+    if "full" in " ".join(overrides):  # each rank holds 1/DP of its parameters, not a copy
+        for rank in range(nproc):
+            log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+            held = re.search(r"FSDP: this rank holds (\d+) of (\d+) parameter elements", log)
+            assert held, log[-2000:]
+            assert int(held[1]) * 2 == pytest.approx(int(held[2]), rel=0.01)
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path):

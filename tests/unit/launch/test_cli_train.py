@@ -88,12 +88,15 @@ def test_layout_predicted_not_to_fit_is_refused_unless_forced(tmp_path: Path) ->
     assert plan["fits"] is False and plan["peak_mem_gib"] > plan["usable_gib"]
 
 
-def test_sharding_the_runner_lacks_is_refused_before_launch() -> None:
-    res = runner.invoke(
-        app, ["train", "recipe=tiny_cpu", "parallel.optimizer_sharding=full", "--dry-run"]
-    )
+def test_fsdp_runs_without_checkpoints_and_is_refused_with_them() -> None:
+    base = ["train", "recipe=tiny_cpu", "parallel.optimizer_sharding=full", "--dry-run"]
+    res = runner.invoke(app, [*base, "checkpoint.interval=0", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["layout"]["optimizer_sharding"] == "full"
+    res = runner.invoke(app, [*base, "checkpoint.interval=5"])
     assert res.exit_code == 2
-    assert "parallel.optimizer_sharding=full is not supported by llmctl train" in res.output
+    assert "parallel.optimizer_sharding=full (FSDP) cannot be checkpointed" in res.output
+    assert "checkpoint.interval=0" in res.output and "Traceback" not in res.output
 
 
 FAKE_TORCHRUN = """#!/bin/sh

@@ -20,6 +20,11 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "pp2_m4": dict(pp=2, num_microbatches=4),
     "pp2_vpp2_m4": dict(pp=2, vpp=2, num_microbatches=4),
     "pp2_m4_full": dict(pp=2, num_microbatches=4, recompute="full"),
+    # FSDP as llmctl train runs it (megatron-core's torch FSDP2 wrapper): shards plus the
+    # units gathered at once (memprobe.FsdpMeter).
+    "tp1_dp2_fsdp": dict(fsdp=True),
+    "tp1_dp2_fsdp_m2": dict(fsdp=True, num_microbatches=2),
+    "tp1_dp2_fsdp_full": dict(fsdp=True, recompute="full"),
 }
 
 

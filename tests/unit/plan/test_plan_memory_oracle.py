@@ -2,13 +2,15 @@
 
 `plan_memory_oracle.worker` runs each layout of `LAYOUTS` in 2 gloo ranks through
 `llmctl.train.memprobe` (weights, megatron-core DDP grad buffers, the optimizer's own state
-tensors, the tensors autograd saves). Each term must be within 3 % of the planner's.
+tensors, the tensors autograd saves; under FSDP the local shards plus the peak of parameters
+and gradients gathered at once). Each term must be within 3 % of the planner's.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -57,6 +59,7 @@ def predicted(name: str, rank: int) -> dict[str, float]:
     tp, pp, vpp = kw.get("tp", 1), kw.get("pp", 1), kw.get("vpp", 1)
     m = kw.get("num_microbatches", 1)
     sharding = Sharding.distributed if kw.get("distributed_optimizer") else Sharding.none
+    sharding = Sharding.full if kw.get("fsdp") else sharding
     layout = Layout(
         tp=tp,
         pp=pp,
@@ -65,7 +68,7 @@ def predicted(name: str, rank: int) -> dict[str, float]:
         recompute=Recompute(kw.get("recompute", "none")),
         optimizer_sharding=sharding,
     )
-    model, run = probe_model(), probe_run()
+    model, run = probe_model(), replace(probe_run(), fsdp_wrapper=bool(kw.get("fsdp")))
     split = split_layers(model.num_layers, pp, vpp, False)
     assert split is not None
     stage = rank // (2 // pp)
@@ -106,8 +109,12 @@ def errors(measured: list[dict[str, Any]]) -> dict[tuple[str, int, str], float]:
     for rank, per in enumerate(measured):
         for name in LAYOUTS:
             pred = predicted(name, rank)
+            got = dict(per[name])
+            # FSDP: the shards plus the peak of what is gathered on top (0 without FSDP)
+            got["weights"] += got.get("gathered_weights", 0)
+            got["grads"] += got.get("gathered_grads", 0)
             for term in TERMS:
-                out[(name, rank, term)] = pred[term] / per[name][term] - 1.0
+                out[(name, rank, term)] = pred[term] / got[term] - 1.0
     return out
 
 
