@@ -162,8 +162,14 @@ def plan_check(cfg: RootConfig, *, force: bool) -> PlanRecord:
 
 
 def _with_sharding(cfg: RootConfig, sharding: Sharding) -> RootConfig:
+    """`cfg` with the sharding fixed; FSDP is priced as the runner runs it (megatron-core's
+    torch FSDP2 wrapper, `plan.fsdp=torch_fsdp2`), whatever `plan.fsdp` says."""
+    from llmctl.plan.stack import FsdpImpl
+
     out = copy.deepcopy(cfg)
     out.parallel.optimizer_sharding = sharding
+    if str(sharding) == "full":
+        out.plan.fsdp = FsdpImpl.torch_fsdp2
     return out
 
 

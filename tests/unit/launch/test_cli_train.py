@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -92,7 +93,20 @@ def test_fsdp_runs_without_checkpoints_and_is_refused_with_them() -> None:
     base = ["train", "recipe=tiny_cpu", "parallel.optimizer_sharding=full", "--dry-run"]
     res = runner.invoke(app, [*base, "checkpoint.interval=0", "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["layout"]["optimizer_sharding"] == "full"
+    out = json.loads(res.output)
+    assert out["layout"]["optimizer_sharding"] == "full"
+    # priced as the runner runs FSDP (megatron-core's torch FSDP2 wrapper), not Megatron-FSDP
+    from llmctl.config import compose
+    from llmctl.run.planning import plan_config
+
+    def weights_gib(fsdp: str) -> float:
+        cfg = compose("tiny_cpu", ["parallel.optimizer_sharding=full", f"plan.fsdp={fsdp}"])
+        best = plan_config(cfg).best
+        assert best is not None
+        return best.memory.weights_gib
+
+    assert out["plan"]["memory_gib"]["weights"] == pytest.approx(weights_gib("torch_fsdp2"))
+    assert weights_gib("torch_fsdp2") != pytest.approx(weights_gib("megatron_fsdp"))
     res = runner.invoke(app, [*base, "checkpoint.interval=5"])
     assert res.exit_code == 2
     assert "parallel.optimizer_sharding=full (FSDP) cannot be checkpointed" in res.output
