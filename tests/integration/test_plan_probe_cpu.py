@@ -12,9 +12,10 @@ process on the shared 2-core host cannot make the rank's own CPU seconds wait on
 thread). The host's speed drifts by 10-20 % over a minute, and a whole run can land in a slow
 phase (once 60 % slower than the next): the probe's prediction is compared with the faster of
 the two runs, and the plan calibrated on that run must reproduce it within the issue's 15 %.
-The issue's first-prediction target is 25 %; the bound asserted is 40 %, for CI hosts of other
-CPU families and loads (docs/planner.md, "Probed CPU": a CI run at +60 % came from a probe that
-read the per-op cost in one of the host's slow phases; the probe now measures over a window).
+The bounds are the issue's: 25 % first, 15 % after calibration. The windowed probe's first
+predictions measured -10.5 % to +8.6 % in 12 runs on two CPU families (Zen 3 AVX2; Zen 4 with
+the AVX-512 and AVX2 kernels), docs/planner.md, "Probed CPU". Before the window, a CI run read
++60 % (a probe taken in one of the host's slow phases), and the bound was 40 %.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def test_probe_predicts_the_demo_and_calibration_tightens_it(
     print(f"probe: {probe}; runs measured {[round(m, 4) for _, m in results]} s")
     print(f"probe: predicted {predicted:.4f} s, measured {measured:.4f} s "
           f"({predicted / measured - 1:+.1%})")  # fmt: skip
-    assert predicted == pytest.approx(measured, rel=0.40)
+    assert predicted == pytest.approx(measured, rel=0.25)
     # calibrate on the faster run and plan again: the calibrated plan reproduces the run it was
     # fitted on (a layout held out is test_plan_calibrate_cpu.py's: the faster of two runs on
     # both sides there too). A held-out second run here measured 60 % slower than the first
