@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.config.values import enum_value as _v
 from llmctl.errors import UserError
 from llmctl.plan.layout import Layout
-from llmctl.run.layout import FSDP_CHECKPOINT_REFUSAL, layout_record
+from llmctl.run.layout import layout_record
 
 if TYPE_CHECKING:
     from llmctl.config.schema import RootConfig
@@ -38,14 +38,11 @@ def uses_torch_adam() -> bool:
 
 
 def check_optimizer_checkpointable(layout: Layout) -> None:
-    """Refuse optimizer shardings whose checkpoints megatron-core cannot write or reload.
+    """Refuse distributed-optimizer checkpoints where megatron-core cannot reload them.
 
     Raises:
-        UserError: FSDP (any device), or the distributed optimizer on the torch-Adam path
-            (CPU, or GPU without TE/Apex).
+        UserError: On the torch-Adam path (CPU, or GPU without TE/Apex) with sharding on.
     """
-    if layout.optimizer_sharding == "full":
-        raise UserError(FSDP_CHECKPOINT_REFUSAL)
     if layout.optimizer_sharding == "distributed" and uses_torch_adam():
         raise UserError(
             "checkpoint: parallel.optimizer_sharding=distributed cannot be checkpointed on "

@@ -32,13 +32,6 @@ if TYPE_CHECKING:
 # wrapper) runs when asked for; a search with the sharding unset keeps to the first two.
 RUNNER_SHARDINGS = (Sharding.none, Sharding.distributed, Sharding.full)
 SEARCHED_SHARDINGS = (Sharding.none, Sharding.distributed)
-FSDP_CHECKPOINT_REFUSAL = (
-    "checkpoint: parallel.optimizer_sharding=full (FSDP) cannot be checkpointed by llmctl "
-    "train: megatron-core's torch FSDP2 parameters are DTensors its sharded optimizer state "
-    'does not map ("Param id 0 does not match any model sharded param"); set '
-    "checkpoint.interval=0 (and launcher.slurm_requeue=false on SLURM) or use "
-    "parallel.optimizer_sharding=none"
-)
 
 T = TypeVar("T")
 
@@ -270,7 +263,7 @@ def runner_shardings(cfg: RootConfig) -> tuple[Sharding, ...]:
     On CPU (megatron-core's torch-Adam path) a distributed-optimizer checkpoint does not
     reload, so with checkpointing on only "none" is searched, and an explicit "distributed"
     is refused here rather than by every rank at start. FSDP ("full") runs only when asked
-    for, and only with checkpointing off (its checkpoints cannot be written).
+    for.
 
     Raises:
         UserError: A sharding the runner does not implement, or the CPU case above.
@@ -282,8 +275,6 @@ def runner_shardings(cfg: RootConfig) -> tuple[Sharding, ...]:
             f"{' or '.join(RUNNER_SHARDINGS)}"
         )
     cpu_checkpoints = str(cfg.cluster.device) == "cpu" and cfg.checkpoint.interval > 0
-    if str(asked) == "full" and cfg.checkpoint.interval > 0:
-        raise UserError(FSDP_CHECKPOINT_REFUSAL)
     if asked is None:
         return (Sharding.none,) if cpu_checkpoints else SEARCHED_SHARDINGS
     if cpu_checkpoints and str(asked) == "distributed":

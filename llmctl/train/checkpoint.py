@@ -60,6 +60,7 @@ from llmctl.train.ckpt_save import (  # noqa: F401 - re-exported
     _Pending,
     _unwrap,
     _wrapped_async_fn,
+    check_fsdp_shards_even,
     describe_error,
     save_errors,
     sharded_state_dict,
@@ -173,6 +174,8 @@ class DistCheckpointer:
         """Restore `state` from the newest complete checkpoint (skipping invalid ones)."""
         if self.enabled:
             check_optimizer_checkpointable(state.layout)
+            if state.layout.optimizer_sharding == "full":
+                check_fsdp_shards_even(state.model)
         if not self.policy.load:
             return
         if self.store_url and self._load_from_store(state):

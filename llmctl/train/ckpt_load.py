@@ -90,17 +90,71 @@ def load_checkpoint(state: Any, ckpt_dir: Path, cfg: RootConfig, rank: int, worl
     return int(saved["step"])
 
 
+def _load_fsdp_shards(chunk: Any, loaded: dict[str, Any]) -> None:
+    """FSDP: each parameter's local shard from the checkpoint (megatron-core built the
+    sharded state dict on the DTensors' local tensors; `load_state_dict` would compare them
+    with the whole parameters' shapes).
+
+    Raises:
+        UserError: A parameter of the model missing from the checkpoint, or a shape mismatch.
+    """
+    import torch
+
+    params = chunk.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for key, target in params.items():
+            if not isinstance(target, torch.Tensor):
+                continue
+            if key not in loaded:
+                raise UserError(f"checkpoint has no {key} for this FSDP model")
+            local = getattr(target, "_local_tensor", target)
+            value = loaded[key]
+            if tuple(value.shape) != tuple(local.shape):
+                raise UserError(
+                    f"checkpoint {key}: shard shape {tuple(value.shape)}, this rank holds "
+                    f"{tuple(local.shape)}"
+                )
+            if value.data_ptr() != local.data_ptr():
+                local.copy_(value)
+
+
+def _fsdp_optimizer_state_as_dtensors(optimizer: Any) -> None:
+    """FSDP: torch's `Optimizer.load_state_dict` leaves the loaded Adam moments as the plain
+    local shards the checkpoint held; the next step needs them as DTensors laid out like their
+    (DTensor) parameters ("got mixed torch.Tensor and DTensor")."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        for param, st in opt.optimizer.state.items():
+            if not isinstance(param, DTensor):
+                continue
+            for key, value in st.items():
+                if (
+                    isinstance(value, torch.Tensor)
+                    and not isinstance(value, DTensor)
+                    and (value.dim() > 0)
+                ):
+                    st[key] = DTensor.from_local(
+                        value, param.device_mesh, param.placements, run_check=False,
+                        shape=param.shape, stride=param.stride(),
+                    )  # fmt: skip
+
+
 def _apply(state: Any, loaded: dict[str, Any], saved: dict[str, Any]) -> None:
     """Model chunks, optimizer, scheduler and data position from a loaded checkpoint."""
     from llmctl.train.lora import load_view  # LoRA: the adapters only
 
     chunks = [_unwrap(m) for m in state.model]
+    load = _load_fsdp_shards if state.layout.optimizer_sharding == "full" else load_view
     if len(chunks) == 1:
-        load_view(chunks[0], loaded["model"])
+        load(chunks[0], loaded["model"])
     else:
         for i, chunk in enumerate(chunks):
-            load_view(chunk, loaded[f"model{i}"])
+            load(chunk, loaded[f"model{i}"])
     state.optimizer.load_state_dict(loaded["optimizer"])
+    if state.layout.optimizer_sharding == "full":
+        _fsdp_optimizer_state_as_dtensors(state.optimizer)
     sched = state.scheduler
     if hasattr(sched, "override_opt_param_scheduler"):
         sched.override_opt_param_scheduler = True  # this run's config wins; steps restored

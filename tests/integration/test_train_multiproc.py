@@ -38,7 +38,7 @@ BASE = [
 ]
 
 
-FSDP = ["parallel.optimizer_sharding=full", "checkpoint.interval=0"]
+FSDP = ["parallel.optimizer_sharding=full"]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def baseline(demo_cache, tmp_path_factory):
         # Interleaved 1F1B: 4 micro-batches on PP=2 with VPP=2 reach its steady state.
         ("pp2_vpp2", ["parallel.pp=2", "parallel.vpp=2", "parallel.micro_batch_size=2"], 2),
         # FSDP (megatron-core's torch FSDP2 wrapper): parameters, grads and Adam state
-        # sharded over DP, alone, with TP and with PP (checkpointing off: see docs/train.md).
+        # sharded over DP, alone, with TP and with PP (checkpoints: test_ckpt_multiproc.py).
         ("dp2_fsdp", ["parallel.dp=2", *FSDP], 2),
         ("tp2_dp2_fsdp", ["parallel.tp=2", "parallel.dp=2", *FSDP], 4),
         (
