@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import accumulate, filterfalse, pairwise
+from itertools import accumulate, compress, filterfalse, islice, pairwise
+from operator import methodcaller, sub
 
 from llmctl.data.filters.text import (
     PUNCTUATION,
@@ -52,6 +52,19 @@ class Doc:
 
 
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+_STARTS_BULLET = methodcaller("startswith", ("•", "-"))
+_ENDS_ELLIPSIS = methodcaller("endswith", ("...", "…"))
+assert not any(map(str.isalpha, PUNCTUATION))
+
+
+def _num_without_letter(words: list[str]) -> int:
+    """Words holding no letter (`str.isalpha`): punctuation and digit words, and the other
+    non-alphabetic words where no character is a letter."""
+    non_alpha = list(filterfalse(str.isalpha, words))
+    rest = list(filterfalse(PUNCTUATION.issuperset, non_alpha))
+    mixed = list(filterfalse(str.isdigit, rest))
+    no_letter = [w for w in mixed if not any(map(str.isalpha, w))]
+    return len(non_alpha) - len(mixed) + len(no_letter)
 
 
 @dataclass(kw_only=True)
@@ -86,7 +99,7 @@ class GopherQualityConfig:
         if not words:
             return "gopher_short_doc"
         # words made of punctuation only are not counted; only non-alphanumeric words can be
-        punct = [w for w in filterfalse(str.isalnum, words) if PUNCTUATION.issuperset(w)]
+        punct = list(filter(PUNCTUATION.issuperset, filterfalse(str.isalnum, words)))
         num_words = len(words) - len(punct)
         if self.min_doc_words and num_words < self.min_doc_words:
             return "gopher_short_doc"
@@ -116,20 +129,18 @@ class GopherQualityConfig:
                 return "gopher_too_many_ellipsis"
         lines = text.splitlines() or [""]
         if self.max_bullet_lines_ratio:
-            bullets = sum(s.lstrip().startswith(("•", "-")) for s in lines)
+            bullets = sum(map(_STARTS_BULLET, map(str.lstrip, lines)))
             if bullets / len(lines) > self.max_bullet_lines_ratio:
                 return "gopher_too_many_bullets"
         if self.max_ellipsis_lines_ratio:
-            ends = sum(s.rstrip().endswith(("...", "…")) for s in lines)
+            ends = sum(map(_ENDS_ELLIPSIS, map(str.rstrip, lines)))
             if ends / len(lines) > self.max_ellipsis_lines_ratio:
                 return "gopher_too_many_end_ellipsis"
         return None
 
     def _words(self, words: list[str]) -> str | None:
         if self.max_non_alpha_words_ratio:
-            # words with a letter: all but the non-alphabetic words holding none
-            no_alpha = [w for w in filterfalse(str.isalpha, words) if not any(map(str.isalpha, w))]
-            alpha = len(words) - len(no_alpha)
+            alpha = len(words) - _num_without_letter(words)
             if alpha / len(words) < self.max_non_alpha_words_ratio:
                 return "gopher_below_alpha_threshold"
         if self.min_stop_words:
@@ -140,16 +151,11 @@ class GopherQualityConfig:
 
 
 def duplicates(items: list[str]) -> tuple[int, int]:
-    """(items seen before, their total characters), in order."""
-    seen: set[str] = set()
-    num = chars = 0
-    for x in items:
-        if x in seen:
-            num += 1
-            chars += len(x)
-        else:
-            seen.add(x)
-    return num, chars
+    """(items seen before, their total characters), in order: every occurrence of an item
+    but its first, so all items less the distinct ones."""
+    distinct = set(items)
+    num = len(items) - len(distinct)
+    return num, (sum(map(len, items)) - sum(map(len, distinct)) if num else 0)
 
 
 WINDOW_CHARS = 12
@@ -187,16 +193,28 @@ class NGrams:
         words = self.words
         if len(words) < n or n < 1:
             return 0
-        if self._max_count.get(n - 1) == 1:
-            # no (n-1)-gram repeats, so no n-gram does: the first one is the most frequent
+        if 1 in (self._max_count.get(j) for j in range(1, n)):
+            # no shorter n-gram repeats, so no n-gram does: the first one is the most frequent
             self._max_count[n] = 1
             return sum(map(len, words[:n])) + n - 1
         grams = pairwise(words) if n == 2 else zip(*(words[i:] for i in range(n)), strict=False)
         counts: Counter[tuple[str, ...]] = Counter(grams)
-        count = self._max_count[n] = max(counts.values())
+        values = list(counts.values())
+        count = self._max_count[n] = max(values)
         # the first key counted `count` times: `Counter.most_common(1)`'s choice
-        gram = next(g for g, c in counts.items() if c == count)
+        gram = next(islice(counts, values.index(count), None))
         return (sum(map(len, gram)) + n - 1) * count
+
+    def top_chars_bound(self, n: int) -> int | None:
+        """An upper bound of `top_chars(n)` without counting n-grams, or None: an n-gram
+        occurs no more often than its first n-1 words, so a counted shorter n-gram's top
+        count times the longest n-gram (joined with spaces) bounds it."""
+        known = [c for j, c in self._max_count.items() if j < n]
+        m = len(self.words) - n + 1
+        if not known or m <= 0 or n < 1:
+            return None
+        offsets = self._word_offsets()
+        return min(known) * (max(map(sub, offsets[n:], offsets[:m])) + n - 1)
 
     def duplicated_chars(self, n: int) -> int:
         """Characters of n-grams (words joined without spaces) that repeat an earlier n-gram;
@@ -229,8 +247,8 @@ class NGrams:
     def _screen(self) -> tuple[list[int], list[int]]:
         """Word start offsets in the joined words, and the word positions whose window
         occurs at another word start too."""
-        if self._offsets is None or self._repeats is None:
-            offsets = list(accumulate(map(len, self.words), initial=0))
+        if self._repeats is None:
+            offsets = self._word_offsets()
             joined = self._joined = "".join(self.words)
             k = WINDOW_CHARS
             windows = [joined[o : o + k] for o in offsets[:-1]]
@@ -238,9 +256,15 @@ class NGrams:
             if len(counts) == len(windows):
                 self._repeats = []
             else:
-                self._repeats = [i for i, w in enumerate(windows) if counts[w] > 1]
-            self._offsets = offsets
-        return self._offsets, self._repeats
+                repeated = map((1).__lt__, map(counts.__getitem__, windows))
+                self._repeats = list(compress(range(len(windows)), repeated))
+        return self._word_offsets(), self._repeats
+
+    def _word_offsets(self) -> list[int]:
+        """Where each word starts in the words joined without spaces (and their length)."""
+        if self._offsets is None:
+            self._offsets = list(accumulate(map(len, self.words), initial=0))
+        return self._offsets
 
     def _short_starts(self, n: int, m: int, offsets: list[int]) -> list[int]:
         """Positions (< m) whose n-gram is shorter than a window, from those of a smaller n
@@ -249,8 +273,13 @@ class NGrams:
         if got is None:
             k = WINDOW_CHARS
             below = [j for j in self._short if j < n]
-            pool: Iterable[int] = self._short[max(below)] if below else range(m)
-            got = self._short[n] = [i for i in pool if i < m and offsets[i + n] - offsets[i] < k]
+            if below:
+                pool = self._short[max(below)]
+                got = [i for i in pool if i < m and offsets[i + n] - offsets[i] < k]
+            else:
+                short = map(k.__gt__, map(sub, offsets[n:], offsets[:m]))
+                got = list(compress(range(m), short))
+            self._short[n] = got
         return got
 
 
@@ -317,6 +346,9 @@ class GopherRepetitionConfig:
     def _ngrams(self, words: list[str], num_chars: int) -> str | None:
         grams = NGrams(words)
         for n, frac in self.top_n_grams:
+            bound = grams.top_chars_bound(int(n))
+            if bound is not None and bound / num_chars <= frac:
+                continue  # top_chars(n) <= bound: the rule cannot fire
             if grams.top_chars(int(n)) / num_chars > frac:
                 return f"top_{int(n)}_gram"
         for n, frac in self.dup_n_grams:
@@ -384,7 +416,7 @@ class C4Config:
 
     def _line(self, line: str, words: list[str]) -> str | None:
         """'keep', None (drop the line) or a reason to reject the page."""
-        if self.max_word_length != -1 and any(len(w) > self.max_word_length for w in words):
+        if self.max_word_length != -1 and words and max(map(len, words)) > self.max_word_length:
             return None
         if self.remove_citations:
             line = _CITATION.sub("", line)
