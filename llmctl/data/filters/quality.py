@@ -329,7 +329,8 @@ class GopherRepetitionConfig:
         text = doc.text
         if not text:
             return "empty"
-        paras = _PARAGRAPHS.split(text.strip())
+        stripped = text.strip()
+        paras = _PARAGRAPHS.split(stripped) if "\n\n" in stripped else [stripped]
         num, chars = duplicates(paras)
         if self.dup_para_frac and num / len(paras) > self.dup_para_frac:
             return "dup_para_frac"

@@ -108,7 +108,9 @@ _INFIX = re.compile(
     r"|(?<=[^\W\d_]),(?=[^\W\d_])"
     r"|(?<=[a-z'\"])\.(?=[A-Z'\"])"
 )
-_INFIX_SPLIT = re.compile(f"({_INFIX.pattern})")
+_INFIX_SPLIT = re.compile(f"(?=[.…+\\-*^–—~:<>=/,])({_INFIX.pattern})")
+"""`_INFIX` as a group, for `re.split`, behind a lookahead for the characters an infix starts
+with (every alternative's first): the same matches, tried only where one can begin."""
 
 
 def _is_special(chunk: str) -> bool:
