@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, filterfalse, islice, pairwise
-from operator import methodcaller, sub
+from operator import methodcaller, mul, sub
 
 from llmctl.data.filters.text import (
     PUNCTUATION,
@@ -177,7 +178,7 @@ class NGrams:
     window, and then no n-gram is built at all.
     """
 
-    __slots__ = ("_joined", "_max_count", "_offsets", "_repeats", "_short", "words")
+    __slots__ = ("_joined", "_max_count", "_offsets", "_repeats", "_short", "_word_chars", "words")
 
     def __init__(self, words: list[str]) -> None:
         self.words = words
@@ -186,6 +187,7 @@ class NGrams:
         self._repeats: list[int] | None = None
         self._short: dict[int, list[int]] = {}
         self._max_count: dict[int, int] = {}
+        self._word_chars: int | None = None
 
     def top_chars(self, n: int) -> int:
         """Characters covered by the most frequent word n-gram (joined with spaces) times its
@@ -205,16 +207,32 @@ class NGrams:
         gram = next(islice(counts, values.index(count), None))
         return (sum(map(len, gram)) + n - 1) * count
 
-    def top_chars_bound(self, n: int) -> int | None:
-        """An upper bound of `top_chars(n)` without counting n-grams, or None: an n-gram
-        occurs no more often than its first n-1 words, so a counted shorter n-gram's top
-        count times the longest n-gram (joined with spaces) bounds it."""
-        known = [c for j, c in self._max_count.items() if j < n]
+    def top_chars_bounds(self, n: int) -> Iterator[int]:
+        """Upper bounds of `top_chars(n)` found without counting n-grams, cheapest first.
+
+        The most frequent n-gram occurs c times, at c positions, and c is at most the top
+        count of any shorter n-gram (its first words occur wherever it does) or of a word.
+        Each of its n words w then fills c * len(w) <= count(w) * len(w) characters, so
+        top_chars(n) <= n * max(count(w) * len(w)) + (n - 1) * c; and it is at most c times
+        the longest n-gram.
+        """
         m = len(self.words) - n + 1
-        if not known or m <= 0 or n < 1:
-            return None
+        if m <= 0 or n < 1:
+            return
+        top_word, top_word_chars = self._word_counts()
+        count = min([c for j, c in self._max_count.items() if j < n], default=top_word)
+        yield n * top_word_chars + (n - 1) * count
         offsets = self._word_offsets()
-        return min(known) * (max(map(sub, offsets[n:], offsets[:m])) + n - 1)
+        yield count * (max(map(sub, offsets[n:], offsets[:m])) + n - 1)
+
+    def _word_counts(self) -> tuple[int, int]:
+        """The top count of a word, and the most characters one word fills (count * length);
+        the first is the top count of 1-grams, recorded as such."""
+        if self._word_chars is None:
+            counts = Counter(self.words)
+            self._max_count[1] = max(counts.values())
+            self._word_chars = max(map(mul, counts.values(), map(len, counts)))
+        return self._max_count[1], self._word_chars
 
     def duplicated_chars(self, n: int) -> int:
         """Characters of n-grams (words joined without spaces) that repeat an earlier n-gram;
@@ -347,9 +365,8 @@ class GopherRepetitionConfig:
     def _ngrams(self, words: list[str], num_chars: int) -> str | None:
         grams = NGrams(words)
         for n, frac in self.top_n_grams:
-            bound = grams.top_chars_bound(int(n))
-            if bound is not None and bound / num_chars <= frac:
-                continue  # top_chars(n) <= bound: the rule cannot fire
+            if any(b / num_chars <= frac for b in grams.top_chars_bounds(int(n))):
+                continue  # top_chars(n) <= a bound: the rule cannot fire
             if grams.top_chars(int(n)) / num_chars > frac:
                 return f"top_{int(n)}_gram"
         for n, frac in self.dup_n_grams:
