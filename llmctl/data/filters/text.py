@@ -222,10 +222,13 @@ def _split_simple(chunk: str) -> list[str] | None:
     ):
         return None
     num_head = len(body) - len(rest)
-    for k in range(num_head):
-        if chunk[k:] in _WHOLE:
-            return None
-    out = list(body[:num_head]) if num_head else []
+    if num_head:
+        for k in range(num_head):
+            if chunk[k:] in _WHOLE:
+                return None
+        out = list(body[:num_head])
+    else:
+        out = []
     if period:
         whole = rest + "."
         if whole in _SPLIT or _is_special(whole):
@@ -233,16 +236,20 @@ def _split_simple(chunk: str) -> list[str] | None:
         if not _period_splits(whole):  # then `rest` is `word`: a suffix before would split
             _split_word(whole, alnum, out)
             return out
-    for j in range(len(rest), len(word), -1):  # `word` and its suffixes but the last j
-        if rest[:j] in _UNSPLIT:
-            return None
+    num_word = len(word)
+    if len(rest) > num_word:
+        for j in range(len(rest), num_word, -1):  # `word` and its suffixes but the last j
+            if rest[:j] in _UNSPLIT:
+                return None
     pieces = _SPLIT.get(word)
-    if pieces is None:
-        _split_word(word, alnum, out)
-    else:
+    if pieces is not None:
         out.extend(pieces)
-    if len(rest) > len(word):
-        out.extend(rest[len(word) :])
+    elif alnum:
+        out.append(word)
+    else:
+        _split_word(word, False, out)
+    if len(rest) > num_word:
+        out.extend(rest[num_word:])
     if period:
         out.append(".")
     return out
