@@ -33,11 +33,12 @@ from llmctl.data.filters.text import (
 class Doc:
     """A document's text with its words computed once for all filters."""
 
-    __slots__ = ("_words", "text")
+    __slots__ = ("_counts", "_words", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self._words: list[str] | None = None
+        self._counts: Counter[str] | None = None
 
     @property
     def words(self) -> list[str]:
@@ -46,10 +47,17 @@ class Doc:
             self._words = split_words(self.text)
         return self._words
 
+    @property
+    def word_counts(self) -> Counter[str]:
+        """How often each word occurs, cached like `words`."""
+        if self._counts is None:
+            self._counts = Counter(self.words)
+        return self._counts
+
     def rewrite(self, text: str) -> None:
         """Replace the text (C4 keeps only its good lines; PII placeholders)."""
         if text != self.text:
-            self.text, self._words = text, None
+            self.text, self._words, self._counts = text, None, None
 
 
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
@@ -58,14 +66,15 @@ _ENDS_ELLIPSIS = methodcaller("endswith", ("...", "…"))
 assert not any(map(str.isalpha, PUNCTUATION))
 
 
-def _num_without_letter(words: list[str]) -> int:
-    """Words holding no letter (`str.isalpha`): punctuation and digit words, and the other
-    non-alphabetic words where no character is a letter."""
-    non_alpha = list(filterfalse(str.isalpha, words))
-    rest = list(filterfalse(PUNCTUATION.issuperset, non_alpha))
+def _num_without_letter(counts: Counter[str]) -> int:
+    """Words (counted with repeats) holding no letter (`str.isalpha`): punctuation and digit
+    words, and the other non-alphabetic words where no character is a letter."""
+    non_alpha = list(filterfalse(str.isalpha, counts))
+    rest = filterfalse(PUNCTUATION.issuperset, non_alpha)
     mixed = list(filterfalse(str.isdigit, rest))
     no_letter = [w for w in mixed if not any(map(str.isalpha, w))]
-    return len(non_alpha) - len(mixed) + len(no_letter)
+    num = counts.__getitem__
+    return sum(map(num, non_alpha)) - sum(map(num, mixed)) + sum(map(num, no_letter))
 
 
 @dataclass(kw_only=True)
@@ -100,15 +109,19 @@ class GopherQualityConfig:
         if not words:
             return "gopher_short_doc"
         # words made of punctuation only are not counted; only non-alphanumeric words can be
-        punct = list(filter(PUNCTUATION.issuperset, filterfalse(str.isalnum, words)))
-        num_words = len(words) - len(punct)
+        counts = doc.word_counts
+        punct = list(filter(PUNCTUATION.issuperset, filterfalse(str.isalnum, counts)))
+        num_punct = list(map(counts.__getitem__, punct))
+        num_words = len(words) - sum(num_punct)
         if self.min_doc_words and num_words < self.min_doc_words:
             return "gopher_short_doc"
         if self.max_doc_words and num_words > self.max_doc_words:
             return "gopher_long_doc"
-        num_chars = sum(map(len, words)) - sum(map(len, punct))
+        num_chars = len("".join(words)) - sum(map(mul, map(len, punct), num_punct))
         return (
-            self._lengths(num_words, num_chars) or self._symbols(text, words) or self._words(words)
+            self._lengths(num_words, num_chars)
+            or self._symbols(text, words)
+            or self._words(words, counts)
         )
 
     def _lengths(self, num_words: int, num_chars: int) -> str | None:
@@ -139,13 +152,13 @@ class GopherQualityConfig:
                 return "gopher_too_many_end_ellipsis"
         return None
 
-    def _words(self, words: list[str]) -> str | None:
+    def _words(self, words: list[str], counts: Counter[str]) -> str | None:
         if self.max_non_alpha_words_ratio:
-            alpha = len(words) - _num_without_letter(words)
+            alpha = len(words) - _num_without_letter(counts)
             if alpha / len(words) < self.max_non_alpha_words_ratio:
                 return "gopher_below_alpha_threshold"
         if self.min_stop_words:
-            found = set(self.stop_words).intersection(words)
+            found = set(self.stop_words).intersection(counts)
             if len(found) < self.min_stop_words:
                 return "gopher_enough_stop_words"
         return None
@@ -178,10 +191,20 @@ class NGrams:
     window, and then no n-gram is built at all.
     """
 
-    __slots__ = ("_joined", "_max_count", "_offsets", "_repeats", "_short", "_word_chars", "words")
+    __slots__ = (
+        "_counts",
+        "_joined",
+        "_max_count",
+        "_offsets",
+        "_repeats",
+        "_short",
+        "_word_chars",
+        "words",
+    )
 
-    def __init__(self, words: list[str]) -> None:
+    def __init__(self, words: list[str], counts: Counter[str] | None = None) -> None:
         self.words = words
+        self._counts = counts  # Counter(words), when the caller has it
         self._offsets: list[int] | None = None
         self._joined = ""
         self._repeats: list[int] | None = None
@@ -229,7 +252,7 @@ class NGrams:
         """The top count of a word, and the most characters one word fills (count * length);
         the first is the top count of 1-grams, recorded as such."""
         if self._word_chars is None:
-            counts = Counter(self.words)
+            counts = self._counts if self._counts is not None else Counter(self.words)
             self._max_count[1] = max(counts.values())
             self._word_chars = max(map(mul, counts.values(), map(len, counts)))
         return self._max_count[1], self._word_chars
@@ -360,10 +383,9 @@ class GopherRepetitionConfig:
             return "dup_line_frac"
         if self.dup_line_char_frac and chars / len(text) > self.dup_line_char_frac:
             return "dup_line_char_frac"
-        return self._ngrams(doc.words, len(text))
+        return self._ngrams(NGrams(doc.words, doc.word_counts), len(text))
 
-    def _ngrams(self, words: list[str], num_chars: int) -> str | None:
-        grams = NGrams(words)
+    def _ngrams(self, grams: NGrams, num_chars: int) -> str | None:
         for n, frac in self.top_n_grams:
             if any(b / num_chars <= frac for b in grams.top_chars_bounds(int(n))):
                 continue  # top_chars(n) <= a bound: the rule cannot fire
