@@ -437,15 +437,14 @@ class C4Config:
         kept: list[str] = []
         sentences = 0
         for raw in doc.text.splitlines():
-            line = raw.strip()
-            words = line.split()
-            verdict = self._line(line, words)
+            marked = line = raw.strip()
+            if self.remove_citations and "[" in line:  # every citation mark starts with one
+                line = _CITATION.sub("", line)
+            verdict = self._line(line, marked)
             if verdict is None:
                 continue
             if verdict != "keep":
                 return verdict
-            if self.remove_citations:
-                line = _CITATION.sub("", line)
             if self.min_num_sentences != -1:
                 sentences += count_sentences(split_words(line))
             kept.append(line)
@@ -454,15 +453,16 @@ class C4Config:
         doc.rewrite("\n".join(kept).strip())
         return None
 
-    def _line(self, line: str, words: list[str]) -> str | None:
-        """'keep', None (drop the line) or a reason to reject the page."""
-        if self.max_word_length != -1 and words and max(map(len, words)) > self.max_word_length:
-            return None
-        if self.remove_citations:
-            line = _CITATION.sub("", line)
+    def _line(self, line: str, marked: str) -> str | None:
+        """'keep', None (drop the line) or a reason to reject the page; `line` is without
+        its citation marks, `marked` with them. The first three rules only drop the line,
+        so their order is free: the cheapest goes first."""
         if self.filter_no_terminal_punct and (
             not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")
         ):
+            return None
+        words = marked.split()
+        if self.max_word_length != -1 and words and max(map(len, words)) > self.max_word_length:
             return None
         if len(words) < self.min_words_per_line:
             return None
