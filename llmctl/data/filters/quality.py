@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate, filterfalse, pairwise
+from itertools import accumulate, compress, filterfalse, islice, pairwise
+from operator import methodcaller, mul, sub
 
 from llmctl.data.filters.text import (
     PUNCTUATION,
@@ -32,11 +33,12 @@ from llmctl.data.filters.text import (
 class Doc:
     """A document's text with its words computed once for all filters."""
 
-    __slots__ = ("_words", "text")
+    __slots__ = ("_counts", "_words", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self._words: list[str] | None = None
+        self._counts: Counter[str] | None = None
 
     @property
     def words(self) -> list[str]:
@@ -45,13 +47,34 @@ class Doc:
             self._words = split_words(self.text)
         return self._words
 
+    @property
+    def word_counts(self) -> Counter[str]:
+        """How often each word occurs, cached like `words`."""
+        if self._counts is None:
+            self._counts = Counter(self.words)
+        return self._counts
+
     def rewrite(self, text: str) -> None:
         """Replace the text (C4 keeps only its good lines; PII placeholders)."""
         if text != self.text:
-            self.text, self._words = text, None
+            self.text, self._words, self._counts = text, None, None
 
 
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+_STARTS_BULLET = methodcaller("startswith", ("•", "-"))
+_ENDS_ELLIPSIS = methodcaller("endswith", ("...", "…"))
+assert not any(map(str.isalpha, PUNCTUATION))
+
+
+def _num_without_letter(counts: Counter[str]) -> int:
+    """Words (counted with repeats) holding no letter (`str.isalpha`): punctuation and digit
+    words, and the other non-alphabetic words where no character is a letter."""
+    non_alpha = list(filterfalse(str.isalpha, counts))
+    rest = filterfalse(PUNCTUATION.issuperset, non_alpha)
+    mixed = list(filterfalse(str.isdigit, rest))
+    no_letter = [w for w in mixed if not any(map(str.isalpha, w))]
+    num = counts.__getitem__
+    return sum(map(num, non_alpha)) - sum(map(num, mixed)) + sum(map(num, no_letter))
 
 
 @dataclass(kw_only=True)
@@ -86,15 +109,19 @@ class GopherQualityConfig:
         if not words:
             return "gopher_short_doc"
         # words made of punctuation only are not counted; only non-alphanumeric words can be
-        punct = [w for w in filterfalse(str.isalnum, words) if PUNCTUATION.issuperset(w)]
-        num_words = len(words) - len(punct)
+        counts = doc.word_counts
+        punct = list(filter(PUNCTUATION.issuperset, filterfalse(str.isalnum, counts)))
+        num_punct = list(map(counts.__getitem__, punct))
+        num_words = len(words) - sum(num_punct)
         if self.min_doc_words and num_words < self.min_doc_words:
             return "gopher_short_doc"
         if self.max_doc_words and num_words > self.max_doc_words:
             return "gopher_long_doc"
-        num_chars = sum(map(len, words)) - sum(map(len, punct))
+        num_chars = len("".join(words)) - sum(map(mul, map(len, punct), num_punct))
         return (
-            self._lengths(num_words, num_chars) or self._symbols(text, words) or self._words(words)
+            self._lengths(num_words, num_chars)
+            or self._symbols(text, words)
+            or self._words(words, counts)
         )
 
     def _lengths(self, num_words: int, num_chars: int) -> str | None:
@@ -116,40 +143,33 @@ class GopherQualityConfig:
                 return "gopher_too_many_ellipsis"
         lines = text.splitlines() or [""]
         if self.max_bullet_lines_ratio:
-            bullets = sum(s.lstrip().startswith(("•", "-")) for s in lines)
+            bullets = sum(map(_STARTS_BULLET, map(str.lstrip, lines)))
             if bullets / len(lines) > self.max_bullet_lines_ratio:
                 return "gopher_too_many_bullets"
         if self.max_ellipsis_lines_ratio:
-            ends = sum(s.rstrip().endswith(("...", "…")) for s in lines)
+            ends = sum(map(_ENDS_ELLIPSIS, map(str.rstrip, lines)))
             if ends / len(lines) > self.max_ellipsis_lines_ratio:
                 return "gopher_too_many_end_ellipsis"
         return None
 
-    def _words(self, words: list[str]) -> str | None:
+    def _words(self, words: list[str], counts: Counter[str]) -> str | None:
         if self.max_non_alpha_words_ratio:
-            # words with a letter: all but the non-alphabetic words holding none
-            no_alpha = [w for w in filterfalse(str.isalpha, words) if not any(map(str.isalpha, w))]
-            alpha = len(words) - len(no_alpha)
+            alpha = len(words) - _num_without_letter(counts)
             if alpha / len(words) < self.max_non_alpha_words_ratio:
                 return "gopher_below_alpha_threshold"
         if self.min_stop_words:
-            found = set(self.stop_words).intersection(words)
+            found = set(self.stop_words).intersection(counts)
             if len(found) < self.min_stop_words:
                 return "gopher_enough_stop_words"
         return None
 
 
 def duplicates(items: list[str]) -> tuple[int, int]:
-    """(items seen before, their total characters), in order."""
-    seen: set[str] = set()
-    num = chars = 0
-    for x in items:
-        if x in seen:
-            num += 1
-            chars += len(x)
-        else:
-            seen.add(x)
-    return num, chars
+    """(items seen before, their total characters), in order: every occurrence of an item
+    but its first, so all items less the distinct ones."""
+    distinct = set(items)
+    num = len(items) - len(distinct)
+    return num, (sum(map(len, items)) - sum(map(len, distinct)) if num else 0)
 
 
 WINDOW_CHARS = 12
@@ -171,15 +191,26 @@ class NGrams:
     window, and then no n-gram is built at all.
     """
 
-    __slots__ = ("_joined", "_max_count", "_offsets", "_repeats", "_short", "words")
+    __slots__ = (
+        "_counts",
+        "_joined",
+        "_max_count",
+        "_offsets",
+        "_repeats",
+        "_short",
+        "_word_chars",
+        "words",
+    )
 
-    def __init__(self, words: list[str]) -> None:
+    def __init__(self, words: list[str], counts: Counter[str] | None = None) -> None:
         self.words = words
+        self._counts = counts  # Counter(words), when the caller has it
         self._offsets: list[int] | None = None
         self._joined = ""
         self._repeats: list[int] | None = None
         self._short: dict[int, list[int]] = {}
         self._max_count: dict[int, int] = {}
+        self._word_chars: int | None = None
 
     def top_chars(self, n: int) -> int:
         """Characters covered by the most frequent word n-gram (joined with spaces) times its
@@ -187,16 +218,44 @@ class NGrams:
         words = self.words
         if len(words) < n or n < 1:
             return 0
-        if self._max_count.get(n - 1) == 1:
-            # no (n-1)-gram repeats, so no n-gram does: the first one is the most frequent
+        if 1 in (self._max_count.get(j) for j in range(1, n)):
+            # no shorter n-gram repeats, so no n-gram does: the first one is the most frequent
             self._max_count[n] = 1
             return sum(map(len, words[:n])) + n - 1
         grams = pairwise(words) if n == 2 else zip(*(words[i:] for i in range(n)), strict=False)
         counts: Counter[tuple[str, ...]] = Counter(grams)
-        count = self._max_count[n] = max(counts.values())
+        values = list(counts.values())
+        count = self._max_count[n] = max(values)
         # the first key counted `count` times: `Counter.most_common(1)`'s choice
-        gram = next(g for g, c in counts.items() if c == count)
+        gram = next(islice(counts, values.index(count), None))
         return (sum(map(len, gram)) + n - 1) * count
+
+    def top_chars_bounds(self, n: int) -> Iterator[int]:
+        """Upper bounds of `top_chars(n)` found without counting n-grams, cheapest first.
+
+        The most frequent n-gram occurs c times, at c positions, and c is at most the top
+        count of any shorter n-gram (its first words occur wherever it does) or of a word.
+        Each of its n words w then fills c * len(w) <= count(w) * len(w) characters, so
+        top_chars(n) <= n * max(count(w) * len(w)) + (n - 1) * c; and it is at most c times
+        the longest n-gram.
+        """
+        m = len(self.words) - n + 1
+        if m <= 0 or n < 1:
+            return
+        top_word, top_word_chars = self._word_counts()
+        count = min([c for j, c in self._max_count.items() if j < n], default=top_word)
+        yield n * top_word_chars + (n - 1) * count
+        offsets = self._word_offsets()
+        yield count * (max(map(sub, offsets[n:], offsets[:m])) + n - 1)
+
+    def _word_counts(self) -> tuple[int, int]:
+        """The top count of a word, and the most characters one word fills (count * length);
+        the first is the top count of 1-grams, recorded as such."""
+        if self._word_chars is None:
+            counts = self._counts if self._counts is not None else Counter(self.words)
+            self._max_count[1] = max(counts.values())
+            self._word_chars = max(map(mul, counts.values(), map(len, counts)))
+        return self._max_count[1], self._word_chars
 
     def duplicated_chars(self, n: int) -> int:
         """Characters of n-grams (words joined without spaces) that repeat an earlier n-gram;
@@ -229,8 +288,8 @@ class NGrams:
     def _screen(self) -> tuple[list[int], list[int]]:
         """Word start offsets in the joined words, and the word positions whose window
         occurs at another word start too."""
-        if self._offsets is None or self._repeats is None:
-            offsets = list(accumulate(map(len, self.words), initial=0))
+        if self._repeats is None:
+            offsets = self._word_offsets()
             joined = self._joined = "".join(self.words)
             k = WINDOW_CHARS
             windows = [joined[o : o + k] for o in offsets[:-1]]
@@ -238,9 +297,15 @@ class NGrams:
             if len(counts) == len(windows):
                 self._repeats = []
             else:
-                self._repeats = [i for i, w in enumerate(windows) if counts[w] > 1]
-            self._offsets = offsets
-        return self._offsets, self._repeats
+                repeated = map((1).__lt__, map(counts.__getitem__, windows))
+                self._repeats = list(compress(range(len(windows)), repeated))
+        return self._word_offsets(), self._repeats
+
+    def _word_offsets(self) -> list[int]:
+        """Where each word starts in the words joined without spaces (and their length)."""
+        if self._offsets is None:
+            self._offsets = list(accumulate(map(len, self.words), initial=0))
+        return self._offsets
 
     def _short_starts(self, n: int, m: int, offsets: list[int]) -> list[int]:
         """Positions (< m) whose n-gram is shorter than a window, from those of a smaller n
@@ -249,8 +314,13 @@ class NGrams:
         if got is None:
             k = WINDOW_CHARS
             below = [j for j in self._short if j < n]
-            pool: Iterable[int] = self._short[max(below)] if below else range(m)
-            got = self._short[n] = [i for i in pool if i < m and offsets[i + n] - offsets[i] < k]
+            if below:
+                pool = self._short[max(below)]
+                got = [i for i in pool if i < m and offsets[i + n] - offsets[i] < k]
+            else:
+                short = map(k.__gt__, map(sub, offsets[n:], offsets[:m]))
+                got = list(compress(range(m), short))
+            self._short[n] = got
         return got
 
 
@@ -300,7 +370,8 @@ class GopherRepetitionConfig:
         text = doc.text
         if not text:
             return "empty"
-        paras = _PARAGRAPHS.split(text.strip())
+        stripped = text.strip()
+        paras = _PARAGRAPHS.split(stripped) if "\n\n" in stripped else [stripped]
         num, chars = duplicates(paras)
         if self.dup_para_frac and num / len(paras) > self.dup_para_frac:
             return "dup_para_frac"
@@ -312,11 +383,12 @@ class GopherRepetitionConfig:
             return "dup_line_frac"
         if self.dup_line_char_frac and chars / len(text) > self.dup_line_char_frac:
             return "dup_line_char_frac"
-        return self._ngrams(doc.words, len(text))
+        return self._ngrams(NGrams(doc.words, doc.word_counts), len(text))
 
-    def _ngrams(self, words: list[str], num_chars: int) -> str | None:
-        grams = NGrams(words)
+    def _ngrams(self, grams: NGrams, num_chars: int) -> str | None:
         for n, frac in self.top_n_grams:
+            if any(b / num_chars <= frac for b in grams.top_chars_bounds(int(n))):
+                continue  # top_chars(n) <= a bound: the rule cannot fire
             if grams.top_chars(int(n)) / num_chars > frac:
                 return f"top_{int(n)}_gram"
         for n, frac in self.dup_n_grams:
@@ -365,15 +437,14 @@ class C4Config:
         kept: list[str] = []
         sentences = 0
         for raw in doc.text.splitlines():
-            line = raw.strip()
-            words = line.split()
-            verdict = self._line(line, words)
+            marked = line = raw.strip()
+            if self.remove_citations and "[" in line:  # every citation mark starts with one
+                line = _CITATION.sub("", line)
+            verdict = self._line(line, marked)
             if verdict is None:
                 continue
             if verdict != "keep":
                 return verdict
-            if self.remove_citations:
-                line = _CITATION.sub("", line)
             if self.min_num_sentences != -1:
                 sentences += count_sentences(split_words(line))
             kept.append(line)
@@ -382,15 +453,16 @@ class C4Config:
         doc.rewrite("\n".join(kept).strip())
         return None
 
-    def _line(self, line: str, words: list[str]) -> str | None:
-        """'keep', None (drop the line) or a reason to reject the page."""
-        if self.max_word_length != -1 and any(len(w) > self.max_word_length for w in words):
-            return None
-        if self.remove_citations:
-            line = _CITATION.sub("", line)
+    def _line(self, line: str, marked: str) -> str | None:
+        """'keep', None (drop the line) or a reason to reject the page; `line` is without
+        its citation marks, `marked` with them. The first three rules only drop the line,
+        so their order is free: the cheapest goes first."""
         if self.filter_no_terminal_punct and (
             not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")
         ):
+            return None
+        words = marked.split()
+        if self.max_word_length != -1 and words and max(map(len, words)) > self.max_word_length:
             return None
         if len(words) < self.min_words_per_line:
             return None

@@ -83,6 +83,9 @@ _EMOTICONS = _tokens(
 _EMOTICON_CHARS = frozenset(":;=()[]'")
 """Every emoticon holds one of these: a chunk without any has none to join back."""
 assert all(not _EMOTICON_CHARS.isdisjoint(e) for e in _EMOTICONS)
+_EMOTICON_IN = re.compile("|".join(map(re.escape, sorted(_EMOTICONS))))
+"""Finds an emoticon inside a chunk: the pieces of a chunk spell it, so only a chunk holding
+one can have pieces to join back."""
 _NT_BASES = "do does did is are was were has have had could would should ca wo must need"
 _SPLIT: dict[str, tuple[str, ...]] = {
     **{b + "nt": (b, "nt") for b in _NT_BASES.split()},
@@ -105,6 +108,9 @@ _INFIX = re.compile(
     r"|(?<=[^\W\d_]),(?=[^\W\d_])"
     r"|(?<=[a-z'\"])\.(?=[A-Z'\"])"
 )
+_INFIX_SPLIT = re.compile(f"(?=[.…+\\-*^–—~:<>=/,])({_INFIX.pattern})")
+"""`_INFIX` as a group, for `re.split`, behind a lookahead for the characters an infix starts
+with (every alternative's first): the same matches, tried only where one can begin."""
 
 
 def _is_special(chunk: str) -> bool:
@@ -164,11 +170,15 @@ def _strip_suffixes(chunk: str, tail: list[str]) -> str:
     return chunk
 
 
-def _split_chunk(chunk: str, out: list[str]) -> None:
-    start = len(out)
-    _split_affixes(chunk, out)
-    if len(out) - start > 1 and not _EMOTICON_CHARS.isdisjoint(chunk):
-        _join_emoticons(out, start)
+def _split_chunk(chunk: str) -> list[str]:
+    """The tokens of one whitespace-free chunk."""
+    out = _split_simple(chunk)
+    if out is None:
+        out = []
+        _split_general(chunk, out)
+    if len(out) > 1 and not _EMOTICON_CHARS.isdisjoint(chunk) and _EMOTICON_IN.search(chunk):
+        _join_emoticons(out, 0)
+    return out
 
 
 def _join_emoticons(out: list[str], start: int) -> None:
@@ -182,7 +192,80 @@ def _join_emoticons(out: list[str], start: int) -> None:
         i += 1
 
 
-def _split_affixes(chunk: str, out: list[str]) -> None:
+_PREFIX_CHARS = "".join(sorted(_PREFIX - {"+"}))
+_SUFFIX_CHARS = "".join(sorted(_SUFFIX))
+_WHOLE = _KEEP | _EMOTICONS
+_UNSPLIT = _WHOLE | frozenset(_SPLIT)
+_APOSTROPHES = frozenset("'’")
+assert not any(c.isalnum() or c == "." for c in _PREFIX | _SUFFIX)
+
+
+def _split_simple(chunk: str) -> list[str] | None:
+    """`_split_general` for the common chunk: prefix punctuation, a word with alphanumeric
+    ends and no apostrophe, suffix punctuation, maybe a final period (`(word),` `#word`
+    `word.` `self-made` `3.14`); None for any other chunk.
+
+    The general loops peel these affixes one character at a time: each prefix character while
+    the rest is no special case (a `+` is left to them), then a final period when
+    `_period_splits` says so, then each suffix character while the rest is no special case and
+    no contraction. The word then meets no suffix or clitic rule (they look at its last
+    characters and apostrophes), so it ends as `_SPLIT`'s pieces, whole (a special case or a
+    URL) or split at its infixes. Where a special case would stop a loop, None.
+    """
+    period = chunk[-1] == "."
+    body = chunk[:-1] if period else chunk
+    rest = body.lstrip(_PREFIX_CHARS)
+    word = rest.rstrip(_SUFFIX_CHARS)
+    alnum = word.isalnum()
+    if not alnum and not (
+        word and word[0].isalnum() and word[-1].isalnum() and _APOSTROPHES.isdisjoint(word)
+    ):
+        return None
+    num_head = len(body) - len(rest)
+    if num_head:
+        for k in range(num_head):
+            if chunk[k:] in _WHOLE:
+                return None
+        out = list(body[:num_head])
+    else:
+        out = []
+    if period:
+        whole = rest + "."
+        if whole in _SPLIT or _is_special(whole):
+            return None
+        if not _period_splits(whole):  # then `rest` is `word`: a suffix before would split
+            _split_word(whole, alnum, out)
+            return out
+    num_word = len(word)
+    if len(rest) > num_word:
+        for j in range(len(rest), num_word, -1):  # `word` and its suffixes but the last j
+            if rest[:j] in _UNSPLIT:
+                return None
+    pieces = _SPLIT.get(word)
+    if pieces is not None:
+        out.extend(pieces)
+    elif alnum:
+        out.append(word)
+    else:
+        _split_word(word, False, out)
+    if len(rest) > num_word:
+        out.extend(rest[num_word:])
+    if period:
+        out.append(".")
+    return out
+
+
+def _split_word(word: str, plain: bool, out: list[str]) -> None:
+    """A word left by the affix rules: whole when `plain` (alphanumeric, or that and a final
+    period: no infix can match), a special case or a URL, else split at its infixes."""
+    if plain or word in _WHOLE or _is_url(word):
+        out.append(word)
+    else:
+        _split_infixes(word, out)
+
+
+def _split_general(chunk: str, out: list[str]) -> None:
+    """Peel prefixes, suffixes and clitics; split infixes (spaCy's tokenizer loop)."""
     while len(chunk) > 1 and chunk[0] in _PREFIX and not _is_special(chunk):
         if chunk[0] == "+" and chunk[1].isdigit():
             break
@@ -204,14 +287,11 @@ def _split_affixes(chunk: str, out: list[str]) -> None:
 
 
 def _split_infixes(chunk: str, out: list[str]) -> None:
-    pos = 0
-    for m in _INFIX.finditer(chunk):
-        if m.start() > pos:
-            out.append(chunk[pos : m.start()])
-        out.append(m.group())
-        pos = m.end()
-    if pos < len(chunk):
-        out.append(chunk[pos:])
+    parts = _INFIX_SPLIT.split(chunk)
+    if len(parts) == 1:
+        out.append(chunk)
+    else:  # the infixes (never empty) and the non-empty pieces between them, in order
+        out.extend(filter(None, parts))
 
 
 _MEMO: dict[str, tuple[str, ...]] = {}
@@ -221,15 +301,11 @@ _MEMO_MAX = 200_000
 
 
 def _pieces(chunk: str) -> tuple[str, ...]:
-    """`chunk` split into its tokens, memoised (the split depends on the chunk alone)."""
-    got = _MEMO.get(chunk)
-    if got is None:
-        out: list[str] = []
-        _split_chunk(chunk, out)
-        got = tuple(out)
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.clear()
-        _MEMO[chunk] = got
+    """`chunk` split into its tokens, and memoised (the split depends on the chunk alone)."""
+    got = tuple(_split_chunk(chunk))
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[chunk] = got
     return got
 
 
