@@ -73,4 +73,31 @@ def check_compatible(saved: dict[str, Any], cfg: RootConfig, layout: Layout) -> 
             f"checkpoint: parallel.optimizer_sharding changed ({old.get('optimizer_sharding')} -> "
             f"{layout.optimizer_sharding}); the optimizer state cannot be converted"
         )
-    return [d for d in LAYOUT_DIMS if d in old and old[d] != now[d]]  # in the saved form
+    changed = [d for d in LAYOUT_DIMS if d in old and old[d] != now[d]]  # in the saved form
+    if layout.optimizer_sharding == "full" and changed:
+        gated = _v(cfg.model.activation) == "swiglu"
+        fixed = fsdp_fixed_dims(gated_mlp=gated)
+        moved = [d for d in changed if d in fixed]
+        if moved:
+            dims = ", ".join(f"{d} {old[d]}->{now[d]}" for d in moved)
+            raise UserError(
+                f"checkpoint: an FSDP checkpoint{' of a SwiGLU model' if gated else ''} does "
+                f"not reshard ({dims}): {FSDP_RESHARD_WHY[gated]}; resume with the layout it "
+                "was saved with"
+            )
+    return changed
+
+
+#: Why FSDP checkpoints keep their layout (measured, docs/train.md).
+FSDP_RESHARD_WHY = {
+    True: "megatron-core checkpoints SwiGLU's fused fc1 as gate and up halves of each rank's "
+    "tensor, which under FSDP are not the halves of the matrix (a DP 2 -> 1 resume trained "
+    "with losses 8e-3 off)",
+    False: "only a DP change of an FSDP checkpoint was measured to resume correctly",
+}
+
+
+def fsdp_fixed_dims(*, gated_mlp: bool) -> tuple[str, ...]:
+    """Layout dimensions an FSDP checkpoint must keep: all with a SwiGLU (fused gate/up)
+    MLP, all but DP otherwise (a DP change resumed exactly, measured at DP 2 -> 1 and 2 -> 4)."""
+    return LAYOUT_DIMS if gated_mlp else tuple(d for d in LAYOUT_DIMS if d != "dp")

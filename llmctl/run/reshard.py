@@ -94,11 +94,17 @@ def plan_from_checkpoint(
     from llmctl.config import from_dict
     from llmctl.config.validate import validate
     from llmctl.plan.reshard import reshard_plan
+    from llmctl.run.ckpt_compat import fsdp_fixed_dims
     from llmctl.run.planning import plan_input
 
     facts = checkpoint_facts(location)
     body = dict(facts.config)
     body["parallel"] = {**dict(body.get("parallel") or {}), **dict.fromkeys(FREED)}
+    pinned: dict[str, Any] = {}
+    if facts.sharding == Sharding.full:  # FSDP checkpoints reshard only as measured
+        gated = str(dict(body.get("model") or {}).get("activation")) == "swiglu"
+        pinned = {d: facts.layout[d] for d in fsdp_fixed_dims(gated_mlp=gated) if d in facts.layout}
+        body["parallel"].update(pinned)
     body["cluster"] = {**dict(body.get("cluster") or {}), "num_nodes": num_nodes}
     try:
         merged = OmegaConf.merge(OmegaConf.create(body), OmegaConf.from_dotlist(overrides or []))
@@ -106,6 +112,12 @@ def plan_from_checkpoint(
     except OmegaConfBaseException as exc:
         raise UserError(f"--from-checkpoint override: {exc}") from None
     cfg = from_dict(data, source=str(facts.path))  # type: ignore[arg-type]
+    for dim, saved in pinned.items():
+        if getattr(cfg.parallel, dim) != saved:
+            raise UserError(
+                f"--from-checkpoint: parallel.{dim}={getattr(cfg.parallel, dim)}, but this FSDP "
+                f"checkpoint resumes only with {dim}={saved} (docs/train.md)"
+            )
     validate(cfg)
     inp = plan_input(cfg)
     try:

@@ -33,13 +33,13 @@ def _inp() -> PlanInput:
     return plan_input(compose(RECIPE, []))
 
 
-def _checkpoint(tmp: Path) -> Path:
+def _checkpoint(tmp: Path, saved: Layout = SAVED) -> Path:
     cfg = compose(RECIPE, [])
     ckpt = tmp / "run" / "checkpoints" / "iter_0000100"
     ckpt.mkdir(parents=True)
     state = {
         "step": 100,
-        "layout": layout_record(SAVED, cfg.train.global_batch_size),
+        "layout": layout_record(saved, cfg.train.global_batch_size),
         "config_yaml": cfg_to_yaml(cfg),
     }
     (ckpt / "train_state.json").write_text(json.dumps(state))
@@ -112,3 +112,25 @@ def test_cli_from_checkpoint_refusals(tmp_path: Path, args: list[str], message: 
     args = [str(ckpt) if a == "CKPT" else str(tmp_path / a) if a == "NOPE" else a for a in args]
     res = CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": "400"})
     assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
+
+
+def test_fsdp_checkpoint_of_a_swiglu_model_keeps_its_layout(tmp_path: Path) -> None:
+    """FSDP checkpoints of SwiGLU models do not reshard (docs/train.md): the answer keeps the
+    saved TP, PP, VPP, CP and DP, and an override of one of them is refused."""
+    saved = Layout(tp=8, pp=8, vpp=8, cp=2, dp=8, optimizer_sharding=Sharding.full)
+    ckpt = _checkpoint(tmp_path, saved)
+    runner = CliRunner()
+    res = runner.invoke(app, ["plan", "--nodes", "128", "--from-checkpoint", str(ckpt), "--json"])
+    assert res.exit_code == 0, res.output
+    ranked = json.loads(res.stdout)["ranked"]
+    assert ranked
+    for r in ranked:
+        lay = r["layout"]
+        assert (lay["tp"], lay["pp"], lay["vpp"], lay["cp"], lay["dp"]) == (8, 8, 8, 2, 8)
+        assert lay["optimizer_sharding"] == "full"
+    res = runner.invoke(
+        app, ["plan", "--nodes", "128", "--tp", "4", "--from-checkpoint", str(ckpt)],
+        env={"COLUMNS": "400"},
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert "resumes only with tp=8" in res.output and "Traceback" not in res.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from llmctl.config import compose
@@ -61,3 +63,25 @@ def test_distributed_optimizer_refused_on_torch_adam_path() -> None:
 def test_preempt_exit_codes() -> None:
     assert preempt_exit_code(15) == 143
     assert preempt_exit_code(10) == 138
+
+
+@pytest.mark.parametrize(
+    ("activation", "now", "refused"),
+    [
+        ("swiglu", ["parallel.dp=1"], "SwiGLU model does not reshard (dp 2->1)"),
+        ("swiglu", ["parallel.dp=4", "parallel.micro_batch_size=2"], "(dp 2->4)"),
+        ("gelu", ["parallel.dp=1"], None),  # measured exact (docs/train.md)
+        ("gelu", ["parallel.dp=1", "parallel.tp=2"], "does not reshard (tp 1->2)"),
+    ],
+)
+def test_fsdp_checkpoint_reshards_only_as_measured(activation, now, refused) -> None:
+    fsdp = ["parallel.optimizer_sharding=full", f"model.activation={activation}"]
+    cfg = compose("tiny_cpu", [*fsdp, "parallel.dp=2"])
+    saved = _saved(cfg, resolve_layout(cfg, 2))
+    new = compose("tiny_cpu", [*fsdp, *now])
+    layout = resolve_layout(new)
+    if refused is None:
+        assert check_compatible(saved, new, layout) == ["dp"]
+    else:
+        with pytest.raises(UserError, match=re.escape(refused)):
+            check_compatible(saved, new, layout)
