@@ -75,7 +75,7 @@ def check_compatible(saved: dict[str, Any], cfg: RootConfig, layout: Layout) -> 
         )
     changed = [d for d in LAYOUT_DIMS if d in old and old[d] != now[d]]  # in the saved form
     if layout.optimizer_sharding == "full" and changed:
-        gated = _v(cfg.model.activation) == "swiglu"
+        gated = is_swiglu(cfg.model.activation)
         fixed = fsdp_fixed_dims(gated_mlp=gated)
         moved = [d for d in changed if d in fixed]
         if moved:
@@ -95,6 +95,11 @@ FSDP_RESHARD_WHY = {
     "with losses 8e-3 off)",
     False: "only a DP change of an FSDP checkpoint was measured to resume correctly",
 }
+
+
+def is_swiglu(activation: Any) -> bool:
+    """Whether `model.activation` (an enum or its saved string) is SwiGLU (fused gate/up fc1)."""
+    return bool(_v(activation) == "swiglu")
 
 
 def fsdp_fixed_dims(*, gated_mlp: bool) -> tuple[str, ...]:
