@@ -20,6 +20,7 @@ import os
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,18 @@ def _shut_down(mnt: Path) -> None:
 def _read_only(path: Path) -> None:
     """Make `path` a read-only bind mount of itself (EROFS for writes through its path)."""
     subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
-    subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+    # The remount is refused ("mount point is busy") while a save holds a file open for writing
+    # through the new mount; saves are short, so try again until one lands between two saves.
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            ["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, text=True
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"read-only remount of {path} kept failing: {done.stderr}")
+        time.sleep(0.02)
 
 
 # (iters, max_failed_saves, the line the user gets; a save every 2 steps): the policy stop
