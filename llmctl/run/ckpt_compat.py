@@ -75,34 +75,27 @@ def check_compatible(saved: dict[str, Any], cfg: RootConfig, layout: Layout) -> 
         )
     changed = [d for d in LAYOUT_DIMS if d in old and old[d] != now[d]]  # in the saved form
     if layout.optimizer_sharding == "full" and changed:
-        gated = is_swiglu(cfg.model.activation)
-        fixed = fsdp_fixed_dims(gated_mlp=gated)
-        moved = [d for d in changed if d in fixed]
+        moved = [d for d in changed if d in fsdp_fixed_dims()]
         if moved:
             dims = ", ".join(f"{d} {old[d]}->{now[d]}" for d in moved)
             raise UserError(
-                f"checkpoint: an FSDP checkpoint{' of a SwiGLU model' if gated else ''} does "
-                f"not reshard ({dims}): {FSDP_RESHARD_WHY[gated]}; resume with the layout it "
-                "was saved with"
+                f"checkpoint: an FSDP checkpoint does not reshard ({dims}): {FSDP_RESHARD_WHY}; "
+                "resume with the layout it was saved with"
             )
     return changed
 
 
-#: Why FSDP checkpoints keep their layout (measured, docs/train.md).
-FSDP_RESHARD_WHY = {
-    True: "megatron-core checkpoints SwiGLU's fused fc1 as gate and up halves of each rank's "
-    "tensor, which under FSDP are not the halves of the matrix (a DP 2 -> 1 resume trained "
-    "with losses 8e-3 off)",
-    False: "only a DP change of an FSDP checkpoint was measured to resume correctly",
-}
+#: Why an FSDP checkpoint keeps the dimensions of `fsdp_fixed_dims` (docs/train.md).
+FSDP_RESHARD_WHY = (
+    "only TP, PP and DP changes of an FSDP checkpoint were measured to resume correctly"
+)
+
+#: What an FSDP checkpoint may change on resume, as measured (docs/train.md): from DP=2 a
+#: SwiGLU model resumed at DP=1 and PP=2 bit for bit, at DP=4, TP=2 and TP=2 x DP=2 within
+#: 1e-6 of the losses; GELU likewise.
+FSDP_RESHARDABLE = ("tp", "pp", "dp")
 
 
-def is_swiglu(activation: Any) -> bool:
-    """Whether `model.activation` (an enum or its saved string) is SwiGLU (fused gate/up fc1)."""
-    return bool(_v(activation) == "swiglu")
-
-
-def fsdp_fixed_dims(*, gated_mlp: bool) -> tuple[str, ...]:
-    """Layout dimensions an FSDP checkpoint must keep: all with a SwiGLU (fused gate/up)
-    MLP, all but DP otherwise (a DP change resumed exactly, measured at DP 2 -> 1 and 2 -> 4)."""
-    return LAYOUT_DIMS if gated_mlp else tuple(d for d in LAYOUT_DIMS if d != "dp")
+def fsdp_fixed_dims() -> tuple[str, ...]:
+    """Layout dimensions an FSDP checkpoint must keep (those not in `FSDP_RESHARDABLE`)."""
+    return tuple(d for d in LAYOUT_DIMS if d not in FSDP_RESHARDABLE)

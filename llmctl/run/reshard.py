@@ -94,7 +94,7 @@ def plan_from_checkpoint(
     from llmctl.config import from_dict
     from llmctl.config.validate import validate
     from llmctl.plan.reshard import reshard_plan
-    from llmctl.run.ckpt_compat import fsdp_fixed_dims, is_swiglu
+    from llmctl.run.ckpt_compat import fsdp_fixed_dims
     from llmctl.run.planning import plan_input
 
     facts = checkpoint_facts(location)
@@ -102,8 +102,7 @@ def plan_from_checkpoint(
     body["parallel"] = {**dict(body.get("parallel") or {}), **dict.fromkeys(FREED)}
     pinned: dict[str, Any] = {}
     if facts.sharding == Sharding.full:  # FSDP checkpoints reshard only as measured
-        gated = is_swiglu(dict(body.get("model") or {}).get("activation"))
-        pinned = {d: facts.layout[d] for d in fsdp_fixed_dims(gated_mlp=gated) if d in facts.layout}
+        pinned = {d: facts.layout[d] for d in fsdp_fixed_dims() if d in facts.layout}
         body["parallel"].update(pinned)
     body["cluster"] = {**dict(body.get("cluster") or {}), "num_nodes": num_nodes}
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 from collections.abc import Iterator
@@ -106,13 +107,96 @@ def _fsdp_param_identity() -> Iterator[None]:
         dist_optim.to_local_if_dtensor = original
 
 
+def swiglu_fsdp_pieces(
+    rows: int, dp_rank: int, dp: int, tp_rank: int, tp: int
+) -> list[tuple[int, int, int, int]]:
+    """Where an FSDP shard of SwiGLU's fused fc1 lies in the checkpoint's [gate; up] matrix.
+
+    A TP rank's fc1 holds its gate rows then its up rows (`F` each); FSDP gives DP rank j rows
+    [j*rows, (j+1)*rows) of those `2F`. The checkpoint's global tensor is every TP rank's gate,
+    then every TP rank's up (the layout without FSDP). The shard is cut into equal pieces (of
+    gcd(rows, F) rows, so that no piece straddles gate and up and all ranks' pieces form one
+    grid); returns (local start, length, fragment index, fragments) for each.
+    """
+    half = rows * dp // 2
+    size = math.gcd(rows, half)
+    fragments = 2 * tp * half // size
+    pieces = []
+    for start in range(0, rows, size):
+        q = dp_rank * rows + start  # row within this TP rank's [gate; up]
+        row = tp_rank * half + q if q < half else tp * half + tp_rank * half + (q - half)
+        pieces.append((start, size, row // size, fragments))
+    return pieces
+
+
+@contextlib.contextmanager
+def _fsdp_swiglu_rows(dp: int) -> Iterator[None]:
+    """Checkpoint SwiGLU's fused fc1 under FSDP as rows of the whole [gate; up] matrix.
+
+    megatron-core's `apply_swiglu_sharded_factory` takes the first and second halves of each
+    rank's local tensor as its gate and up parts. Under FSDP the local tensor is a DP slice of
+    the TP rank's [gate; up] (at DP=2, rank 0 holds the whole gate), so the checkpoint was only
+    readable at the layout that wrote it (a DP change resumed with losses 8e-3 off). While the
+    state dict is built, the factory places each shard by `swiglu_fsdp_pieces` instead; the
+    optimizer's moments go through the same factory. DP=1 is megatron's own case.
+    """
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+    from megatron.core.transformer import mlp
+
+    original = mlp.apply_swiglu_sharded_factory
+
+    def factory(sh_ten: Any, sharded_offsets: Any, singleton_local_shards: bool = False) -> Any:
+        if dp == 1 or singleton_local_shards:
+            return original(sh_ten, sharded_offsets, singleton_local_shards)
+        axis = len(sharded_offsets)
+        rows = sh_ten.local_shape[0]
+        rank = sh_ten.global_offset[axis] // rows  # megatron's tp_rank * dp + dp_rank
+        tp = sh_ten.axis_fragmentations[axis] // dp
+        pieces = swiglu_fsdp_pieces(rows, rank % dp, dp, rank // dp, tp)
+
+        def build(key: str, t: Any, replica_id: Any, flattened_range: Any) -> list[Any]:
+            out = []
+            for start, size, index, count in pieces:
+                offset = (axis, index, count)
+                sh = ShardedTensor.from_rank_offsets
+                piece = sh(key, t[start : start + size], *sharded_offsets, offset,
+                           replica_id=replica_id, prepend_axis_num=axis)  # fmt: skip
+                out.append(piece)
+            return out
+
+        def merge(parts: list[Any]) -> Any:
+            import torch
+
+            return torch.cat(parts)
+
+        return ShardedTensorFactory(
+            sh_ten.key, sh_ten.data, build, merge, sh_ten.replica_id,
+            flattened_range=sh_ten.flattened_range,
+        )  # fmt: skip
+
+    mlp.apply_swiglu_sharded_factory = factory
+    try:
+        yield
+    finally:
+        mlp.apply_swiglu_sharded_factory = original
+
+
+def _dp_cp_size() -> int:
+    """The DP x CP group FSDP shards over (the group megatron's sharded tensors name)."""
+    from megatron.core import parallel_state
+
+    return int(parallel_state.get_data_parallel_world_size(with_context_parallel=True))
+
+
 def sharded_state_dict(state: Any, *, is_loading: bool) -> dict[str, Any]:
     """megatron's sharded state dict of the model chunks (unwrapped from DDP) and optimizer."""
     import torch
 
     from llmctl.train.lora import checkpoint_view  # LoRA: the adapters only
 
-    with torch.no_grad(), _fsdp_param_identity():
+    fsdp = state.layout.optimizer_sharding == "full"
+    rows = _fsdp_swiglu_rows(_dp_cp_size()) if fsdp else contextlib.nullcontext()
+    with torch.no_grad(), _fsdp_param_identity(), rows:
         chunks = [_unwrap(m) for m in state.model]
         sd: dict[str, Any] = {}
         if len(chunks) == 1:

@@ -130,22 +130,21 @@ def test_torchrun_restarts_group_after_rank_kill_and_resumes(corpus: Path, tmp_p
 def test_fsdp_checkpoint_resumes_bit_exact(corpus: Path, tmp_path: Path) -> None:
     """FSDP (DP=2): a run saves every 2 steps; a second run directory gets its step-4
     checkpoint (each rank's parameter and Adam shards) and trains to step 8 with the losses of
-    the first, bit for bit."""
+    the first, bit for bit; so does a third at DP=1 (a resharded resume)."""
     common = [
         *base_overrides(corpus, ITERS),
-        "parallel.dp=2",
         "parallel.optimizer_sharding=full",
         "checkpoint.interval=2",
         "checkpoint.keep_last=10",
     ]
-    first = write_run(tmp_path / "first", common)
+    first = write_run(tmp_path / "first", [*common, "parallel.dp=2"])
     proc = start_entry(first, nproc=2)
     assert _wait(proc) == 0, (first / "process.log").read_text()[-3000:]
     reference = losses(first)
     assert sorted(reference) == list(range(1, ITERS + 1))
     assert all(v.ok for v in store.list_checkpoints(first / "checkpoints", full=True))
 
-    second = write_run(tmp_path / "second", common)
+    second = write_run(tmp_path / "second", [*common, "parallel.dp=2"])
     name = store.iter_name(4)
     shutil.copytree(first / "checkpoints" / name, second / "checkpoints" / name)
     proc = start_entry(second, nproc=2)
@@ -154,6 +153,17 @@ def test_fsdp_checkpoint_resumes_bit_exact(corpus: Path, tmp_path: Path) -> None
     got = losses(second)
     assert sorted(got) == list(range(5, ITERS + 1))
     assert {s: got[s] for s in got} == {s: reference[s] for s in got}
+
+    # Resharded to DP=1: each rank's slice of SwiGLU's fused fc1 (and of its Adam moments) is
+    # checkpointed as rows of the whole [gate; up] matrix, so one process reads the two shards
+    # back as the matrix and trains on bit for bit (megatron's own halves were 8e-3 off).
+    third = write_run(tmp_path / "third", [*common, "parallel.dp=1"])
+    shutil.copytree(first / "checkpoints" / name, third / "checkpoints" / name)
+    proc = start_entry(third, nproc=1)
+    assert _wait(proc) == 0, (third / "process.log").read_text()[-3000:]
+    got = losses(third)
+    assert sorted(got) == list(range(5, ITERS + 1))
+    assert got == {s: reference[s] for s in got}
 
 
 @pytest.mark.multiproc

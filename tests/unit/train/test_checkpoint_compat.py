@@ -66,22 +66,47 @@ def test_preempt_exit_codes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("activation", "now", "refused"),
+    ("activation", "now", "changed", "refused"),
     [
-        ("swiglu", ["parallel.dp=1"], "SwiGLU model does not reshard (dp 2->1)"),
-        ("swiglu", ["parallel.dp=4", "parallel.micro_batch_size=2"], "(dp 2->4)"),
-        ("gelu", ["parallel.dp=1"], None),  # measured exact (docs/train.md)
-        ("gelu", ["parallel.dp=1", "parallel.tp=2"], "does not reshard (tp 1->2)"),
+        # measured to resume correctly (docs/train.md), SwiGLU's fused fc1 included
+        ("swiglu", ["parallel.dp=1"], ["dp"], None),
+        ("swiglu", ["parallel.dp=4", "parallel.micro_batch_size=2"], ["dp"], None),
+        ("swiglu", ["parallel.dp=1", "parallel.tp=2"], ["tp", "dp"], None),
+        ("gelu", ["parallel.dp=1", "parallel.pp=2"], ["pp", "dp"], None),
+        # not measured: refused before loading, naming the dimension
+        ("swiglu", ["parallel.dp=1", "parallel.cp=2"], None, "does not reshard (cp 1->2)"),
     ],
 )
-def test_fsdp_checkpoint_reshards_only_as_measured(activation, now, refused) -> None:
+def test_fsdp_checkpoint_reshards_only_as_measured(activation, now, changed, refused) -> None:
     fsdp = ["parallel.optimizer_sharding=full", f"model.activation={activation}"]
     cfg = compose("tiny_cpu", [*fsdp, "parallel.dp=2"])
     saved = _saved(cfg, resolve_layout(cfg, 2))
     new = compose("tiny_cpu", [*fsdp, *now])
     layout = resolve_layout(new)
     if refused is None:
-        assert check_compatible(saved, new, layout) == ["dp"]
+        assert check_compatible(saved, new, layout) == changed
     else:
         with pytest.raises(UserError, match=re.escape(refused)):
             check_compatible(saved, new, layout)
+
+
+@pytest.mark.parametrize(("tp", "dp"), [(1, 2), (1, 3), (2, 2), (2, 4), (4, 6), (1, 8)])
+def test_swiglu_fsdp_pieces_rebuild_the_gate_up_matrix(tp: int, dp: int) -> None:
+    """Every (TP rank, DP rank) shard of SwiGLU's fused fc1, placed by `swiglu_fsdp_pieces`,
+    lands on the rows of the whole [gate; up] matrix it holds, each row exactly once."""
+    from llmctl.train.ckpt_save import swiglu_fsdp_pieces
+
+    f = 12  # gate (and up) rows per TP rank
+    gate = [("g", r) for r in range(tp * f)]
+    up = [("u", r) for r in range(tp * f)]
+    whole: list[object] = [None] * (2 * tp * f)
+    for i in range(tp):
+        fused = gate[i * f : (i + 1) * f] + up[i * f : (i + 1) * f]  # this TP rank's fc1
+        rows = 2 * f // dp
+        for j in range(dp):
+            shard = fused[j * rows : (j + 1) * rows]  # FSDP's slice of it
+            for start, size, index, count in swiglu_fsdp_pieces(rows, j, dp, i, tp):
+                assert count * size == 2 * tp * f
+                assert all(x is None for x in whole[index * size : (index + 1) * size])
+                whole[index * size : (index + 1) * size] = shard[start : start + size]
+    assert whole == gate + up
